@@ -1,0 +1,347 @@
+//! The diversity diagnostic: how often the masks of different ranks agree.
+//!
+//! At a step, each rank's mask of *its own* batch is compared position by position
+//! with every other rank's, at positions maskable on both (row `i` with row `i`,
+//! position `j` with position `j`). Independent masks with probability `p` agree
+//! with probability `p^2 + (1-p)^2` (0.745 at 0.15); identical masks always agree.
+//! A shared batch is never used: with per-sample streams the same sample gets the
+//! same mask by design, which would read as the bug.
+
+use std::sync::Arc;
+
+use drove_seed::StreamKey;
+use rand_core::Rng;
+
+use crate::batch::{Batch, Collator, Example, Padding};
+use crate::loader::{Loader, LoaderConfig, LoaderError, MaskSeeding};
+use crate::mask::{MaskConfig, MaskConfigError, Masker};
+use crate::sampler::{below, DistributedSampler, SamplerError};
+
+/// Agreement of two independent Bernoulli(`p`) masks: `p^2 + (1-p)^2`.
+pub fn expected_agreement(p: f64) -> f64 {
+    p * p + (1.0 - p) * (1.0 - p)
+}
+
+/// One rank's mask of one batch: which positions were chosen and which could be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowMasks {
+    /// Padded width.
+    pub width: usize,
+    /// Chosen positions, row-major.
+    pub chosen: Vec<bool>,
+    /// Maskable positions, row-major.
+    pub maskable: Vec<bool>,
+}
+
+impl From<&Batch> for RowMasks {
+    fn from(b: &Batch) -> Self {
+        RowMasks {
+            width: b.seq_len,
+            chosen: b.actions.iter().map(|a| a.is_chosen()).collect(),
+            maskable: b.maskable.clone(),
+        }
+    }
+}
+
+impl RowMasks {
+    fn rows(&self) -> usize {
+        self.chosen.len().checked_div(self.width).unwrap_or(0)
+    }
+
+    /// `(agreeing, compared)` positions between two masks: rows and positions
+    /// paired by index, counted where maskable on both.
+    pub fn compare(&self, other: &RowMasks) -> (u64, u64) {
+        let rows = self.rows().min(other.rows());
+        let width = self.width.min(other.width);
+        let (mut agree, mut compared) = (0u64, 0u64);
+        for r in 0..rows {
+            for j in 0..width {
+                let (a, b) = (r * self.width + j, r * other.width + j);
+                if self.maskable[a] && other.maskable[b] {
+                    compared += 1;
+                    agree += u64::from(self.chosen[a] == other.chosen[b]);
+                }
+            }
+        }
+        (agree, compared)
+    }
+}
+
+/// What the diagnostic concludes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Agreement is not above the 3-sigma band of independent masks.
+    Diverse,
+    /// Agreement is above the band: ranks are drawing the same masks.
+    Identical,
+}
+
+/// Agreement of one pair of ranks.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PairAgreement {
+    /// First rank.
+    pub a: usize,
+    /// Second rank.
+    pub b: usize,
+    /// Fraction of compared positions where the masks agree.
+    pub agreement: f64,
+    /// Positions compared.
+    pub compared: u64,
+}
+
+/// The diagnostic's result.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct AgreementReport {
+    /// Ranks compared.
+    pub world_size: usize,
+    /// Mask probability.
+    pub probability: f64,
+    /// Steps compared.
+    pub steps: usize,
+    /// Every pair of ranks.
+    pub pairs: Vec<PairAgreement>,
+    /// Rank-by-rank agreement (1.0 on the diagonal).
+    pub matrix: Vec<Vec<f64>>,
+    /// Mean over pairs.
+    pub mean_agreement: f64,
+    /// `p^2 + (1-p)^2`.
+    pub expected: f64,
+    /// Standard deviation of `mean_agreement` for independent masks.
+    pub sigma: f64,
+    /// `(mean - expected) / (1 - expected)`: 0 for independent, 1 for identical.
+    pub normalised: f64,
+    /// Whether the mean lies within `expected +- 3 sigma`.
+    pub within_3_sigma: bool,
+    /// "diverse" or "identical".
+    pub verdict: Verdict,
+}
+
+/// Accumulates mask comparisons across ranks over many steps.
+#[derive(Clone, Debug)]
+pub struct AgreementAccumulator {
+    world_size: usize,
+    probability: f64,
+    steps: usize,
+    counts: Vec<(u64, u64)>, // per pair (a < b), in order
+}
+
+impl AgreementAccumulator {
+    /// For `world_size` ranks masking with probability `probability`.
+    pub fn new(world_size: usize, probability: f64) -> Self {
+        let pairs = world_size * world_size.saturating_sub(1) / 2;
+        AgreementAccumulator { world_size, probability, steps: 0, counts: vec![(0, 0); pairs] }
+    }
+
+    /// Adds one step: `masks[r]` is rank `r`'s mask of its batch at that step.
+    ///
+    /// # Panics
+    /// If `masks` does not hold one entry per rank.
+    pub fn add_step(&mut self, masks: &[RowMasks]) {
+        assert_eq!(masks.len(), self.world_size, "one mask per rank");
+        let mut k = 0;
+        for a in 0..self.world_size {
+            for b in a + 1..self.world_size {
+                let (agree, compared) = masks[a].compare(&masks[b]);
+                self.counts[k].0 += agree;
+                self.counts[k].1 += compared;
+                k += 1;
+            }
+        }
+        self.steps += 1;
+    }
+
+    /// The report so far.
+    pub fn report(&self) -> AgreementReport {
+        let w = self.world_size;
+        let p = self.probability;
+        let expected = expected_agreement(p);
+        let mut matrix = vec![vec![1.0; w]; w];
+        let mut pairs = Vec::with_capacity(self.counts.len());
+        let mut k = 0;
+        for a in 0..w {
+            for b in a + 1..w {
+                let (agree, compared) = self.counts[k];
+                let agreement = if compared == 0 { f64::NAN } else { agree as f64 / compared as f64 };
+                matrix[a][b] = agreement;
+                matrix[b][a] = agreement;
+                pairs.push(PairAgreement { a, b, agreement, compared });
+                k += 1;
+            }
+        }
+        let n_pairs = pairs.len().max(1) as f64;
+        let mean_agreement = pairs.iter().map(|p| p.agreement).sum::<f64>() / n_pairs;
+        // Variance of the mean over pairs for independent masks: each pair is a
+        // Bernoulli(expected) per position; two pairs sharing a rank are correlated
+        // (covariance p^3 + q^3 - expected^2), and each pair shares a rank with
+        // 2(W-2) others.
+        let total: u64 = pairs.iter().map(|p| p.compared).sum();
+        let per_pair = total as f64 / n_pairs;
+        let q = 1.0 - p;
+        let var = expected * (1.0 - expected);
+        let cov = p.powi(3) + q.powi(3) - expected * expected;
+        let sigma = if per_pair > 0.0 {
+            ((var + 2.0 * (w as f64 - 2.0).max(0.0) * cov) / (n_pairs * per_pair)).sqrt()
+        } else {
+            f64::NAN
+        };
+        let normalised = if expected < 1.0 { (mean_agreement - expected) / (1.0 - expected) } else { f64::NAN };
+        let within_3_sigma = (mean_agreement - expected).abs() <= 3.0 * sigma;
+        let verdict = if mean_agreement > expected + 3.0 * sigma { Verdict::Identical } else { Verdict::Diverse };
+        AgreementReport {
+            world_size: w,
+            probability: p,
+            steps: self.steps,
+            pairs,
+            matrix,
+            mean_agreement,
+            expected,
+            sigma,
+            normalised,
+            within_3_sigma,
+            verdict,
+        }
+    }
+}
+
+/// Special token ids of the synthetic vocabulary (BERT-base-uncased's).
+pub const SYNTHETIC_PAD: u32 = 0;
+/// `[CLS]`.
+pub const SYNTHETIC_CLS: u32 = 101;
+/// `[SEP]`.
+pub const SYNTHETIC_SEP: u32 = 102;
+/// `[MASK]`.
+pub const SYNTHETIC_MASK: u32 = 103;
+/// Vocabulary size (BERT-base-uncased's).
+pub const SYNTHETIC_VOCAB: u32 = 30_522;
+
+/// A fixed, deterministic dataset of `n` tokenized sentences of 8 to `max_len`
+/// tokens (with `[CLS]` and `[SEP]`), words of one to three subwords, and labels
+/// on first subwords: enough structure to exercise masking without real data.
+pub fn synthetic_examples(n: usize, max_len: usize, seed: u64) -> Vec<Example> {
+    let max_len = max_len.max(8);
+    let mut rng = StreamKey::init(seed).with_lane(0xda7a).pcg64();
+    (0..n)
+        .map(|_| {
+            let len = 8 + below(&mut rng, (max_len - 8 + 1) as u64) as usize;
+            let mut e = Example {
+                input_ids: vec![SYNTHETIC_CLS],
+                labels: vec![crate::IGNORE_LABEL],
+                word_ids: vec![None],
+                special: vec![true],
+            };
+            let mut word = 0u32;
+            while e.input_ids.len() < len - 1 {
+                let pieces = 1 + below(&mut rng, 3) as usize;
+                let label = below(&mut rng, 9) as i64;
+                for k in 0..pieces.min(len - 1 - e.input_ids.len()) {
+                    e.input_ids.push(1000 + below(&mut rng, u64::from(SYNTHETIC_VOCAB - 1000)) as u32);
+                    e.labels.push(if k == 0 { label } else { crate::IGNORE_LABEL });
+                    e.word_ids.push(Some(word));
+                    e.special.push(false);
+                }
+                word += 1;
+            }
+            e.input_ids.push(SYNTHETIC_SEP);
+            e.labels.push(crate::IGNORE_LABEL);
+            e.word_ids.push(None);
+            e.special.push(true);
+            let _ = rng.next_u32(); // keep sentences from sharing stream alignment
+            e
+        })
+        .collect()
+}
+
+/// Settings of a simulated run for the diagnostic.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Simulation {
+    /// Ranks.
+    pub world_size: usize,
+    /// Loader workers per rank.
+    pub workers: usize,
+    /// Base seed (the story's 42).
+    pub seed: u64,
+    /// How masks are seeded.
+    pub seeding: MaskSeeding,
+    /// Mask probability.
+    pub probability: f64,
+    /// Sentences in the synthetic dataset.
+    pub samples: usize,
+    /// Rows per batch per rank.
+    pub batch_size: usize,
+    /// Fixed padded width (the story's collate padded to `max_length`).
+    pub seq_len: usize,
+    /// Epoch simulated.
+    pub epoch: u64,
+}
+
+impl Default for Simulation {
+    fn default() -> Self {
+        Simulation {
+            world_size: 4,
+            workers: 4,
+            seed: 42,
+            seeding: MaskSeeding::PerSample,
+            probability: 0.15,
+            samples: 2048,
+            batch_size: 8,
+            seq_len: 128,
+            epoch: 0,
+        }
+    }
+}
+
+/// A simulation that cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulationError {
+    /// Bad mask settings.
+    #[error(transparent)]
+    Mask(#[from] MaskConfigError),
+    /// Bad world.
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
+    /// A loader failed.
+    #[error(transparent)]
+    Loader(#[from] LoaderError),
+    /// Fewer than two ranks: nothing to compare.
+    #[error("the diagnostic compares ranks: world size must be at least 2, found {0}")]
+    TooFewRanks(usize),
+}
+
+/// Runs every rank's loader (with its own workers) over the synthetic dataset for
+/// one epoch and compares the ranks' masks step by step.
+pub fn simulate(sim: &Simulation) -> Result<AgreementReport, SimulationError> {
+    if sim.world_size < 2 {
+        return Err(SimulationError::TooFewRanks(sim.world_size));
+    }
+    let data: Arc<[Example]> = synthetic_examples(sim.samples, sim.seq_len, sim.seed).into();
+    let masker = Masker::new(
+        MaskConfig { probability: sim.probability, ..MaskConfig::default() },
+        SYNTHETIC_MASK,
+        SYNTHETIC_VOCAB,
+    )?;
+    let collator = Arc::new(Collator::new(SYNTHETIC_PAD, Padding::Fixed(sim.seq_len), Some(masker)));
+    let config = LoaderConfig {
+        batch_size: sim.batch_size,
+        workers: sim.workers,
+        prefetch: 2,
+        drop_last: true,
+        bucketing: None,
+        seeding: sim.seeding,
+        seed: sim.seed,
+    };
+    let mut per_rank: Vec<Vec<RowMasks>> = Vec::with_capacity(sim.world_size);
+    for rank in 0..sim.world_size {
+        let sampler = DistributedSampler::new(data.len(), sim.world_size, rank, sim.seed)?;
+        let loader = Loader::new(Arc::clone(&data), sampler, Arc::clone(&collator), config)?;
+        let masks = loader.epoch(sim.epoch).map(|b| b.map(|b| RowMasks::from(&b))).collect::<Result<_, _>>()?;
+        per_rank.push(masks);
+    }
+    let steps = per_rank.iter().map(Vec::len).min().unwrap_or(0);
+    let mut acc = AgreementAccumulator::new(sim.world_size, sim.probability);
+    for step in 0..steps {
+        let masks: Vec<RowMasks> = per_rank.iter().map(|r| r[step].clone()).collect();
+        acc.add_step(&masks);
+    }
+    Ok(acc.report())
+}

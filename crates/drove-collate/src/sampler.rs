@@ -1,0 +1,147 @@
+//! A distributed sampler with PyTorch's `DistributedSampler` semantics: every rank
+//! shuffles the whole dataset with the same (seed, epoch) stream, the order is
+//! padded (by repeating its start) or truncated to a multiple of the world size,
+//! and rank `r` takes positions `r, r + W, r + 2W, ...`.
+
+use drove_seed::StreamKey;
+use rand_core::Rng;
+
+/// A rank that does not fit the world, or an empty world.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SamplerError {
+    /// The world has no rank.
+    #[error("world size must be at least 1, found 0")]
+    EmptyWorld,
+    /// The rank is not below the world size.
+    #[error("rank {rank} is out of range for world size {world_size} (ranks are 0..{world_size})")]
+    RankOutOfRange {
+        /// The rank given.
+        rank: usize,
+        /// The world size.
+        world_size: usize,
+    },
+}
+
+/// What to do with the tail when the dataset does not divide by the world size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Remainder {
+    /// Repeat samples from the start of the order so every rank gets as many.
+    Pad,
+    /// Drop the tail so every rank gets as many.
+    Drop,
+}
+
+/// One rank's view of a shuffled, sharded dataset.
+#[derive(Clone, Debug)]
+pub struct DistributedSampler {
+    len: usize,
+    world_size: usize,
+    rank: usize,
+    shuffle: bool,
+    seed: u64,
+    remainder: Remainder,
+    epoch: u64,
+}
+
+impl DistributedSampler {
+    /// A sampler over `len` samples for `rank` of `world_size`, shuffling with `seed`.
+    pub fn new(len: usize, world_size: usize, rank: usize, seed: u64) -> Result<Self, SamplerError> {
+        if world_size == 0 {
+            return Err(SamplerError::EmptyWorld);
+        }
+        if rank >= world_size {
+            return Err(SamplerError::RankOutOfRange { rank, world_size });
+        }
+        Ok(DistributedSampler { len, world_size, rank, shuffle: true, seed, remainder: Remainder::Pad, epoch: 0 })
+    }
+
+    /// Turns shuffling on or off (on by default).
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.shuffle = shuffle;
+        self
+    }
+
+    /// How to make shards equal (padding by default).
+    pub fn remainder(mut self, remainder: Remainder) -> Self {
+        self.remainder = remainder;
+        self
+    }
+
+    /// Sets the epoch: the order changes with it, identically on every rank.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The world size.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The base seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Number of samples every rank gets.
+    pub fn shard_len(&self) -> usize {
+        match self.remainder {
+            Remainder::Pad => self.len.div_ceil(self.world_size),
+            Remainder::Drop => self.len / self.world_size,
+        }
+    }
+
+    /// The whole order for the current epoch (the same on every rank).
+    pub fn global_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.len).collect();
+        if self.shuffle {
+            let mut rng = StreamKey::shuffle(self.seed, self.epoch).pcg64();
+            shuffle(&mut order, &mut rng);
+        }
+        let total = self.shard_len() * self.world_size;
+        if total > order.len() && !order.is_empty() {
+            let mut i = 0;
+            while order.len() < total {
+                order.push(order[i]);
+                i += 1;
+            }
+        }
+        order.truncate(total);
+        order
+    }
+
+    /// This rank's sample indices for the current epoch.
+    pub fn indices(&self) -> Vec<usize> {
+        self.global_order().into_iter().skip(self.rank).step_by(self.world_size).collect()
+    }
+}
+
+/// Uniform integer in `0..n` (Lemire's method, unbiased).
+pub fn below<R: Rng + ?Sized>(rng: &mut R, n: u64) -> u64 {
+    debug_assert!(n > 0);
+    let mut m = u128::from(rng.next_u64()) * u128::from(n);
+    if (m as u64) < n {
+        let t = n.wrapping_neg() % n;
+        while (m as u64) < t {
+            m = u128::from(rng.next_u64()) * u128::from(n);
+        }
+    }
+    (m >> 64) as u64
+}
+
+/// Fisher-Yates shuffle.
+pub fn shuffle<T, R: Rng + ?Sized>(items: &mut [T], rng: &mut R) {
+    for i in (1..items.len()).rev() {
+        let j = below(rng, i as u64 + 1) as usize;
+        items.swap(i, j);
+    }
+}
