@@ -8,23 +8,37 @@
 use std::sync::Arc;
 
 use drove::collate::diag::{self, AgreementAccumulator, RowMasks};
-use drove::collate::{Collator, DistributedSampler, Example, Loader, LoaderConfig, MaskConfig, MaskSeeding, Masker, Padding};
+use drove::collate::{
+    Collator, DistributedSampler, Example, Loader, LoaderConfig, MaskConfig, MaskSeeding, Masker, Padding,
+};
 
 const WORLD: usize = 4;
 const WORKERS: usize = 4;
 const P: f64 = 0.15;
 
 fn mean_agreement(data: &Arc<[Example]>, seeding: MaskSeeding) -> f64 {
-    let masker = Masker::new(MaskConfig { probability: P, ..MaskConfig::default() }, diag::SYNTHETIC_MASK, diag::SYNTHETIC_VOCAB)
-        .expect("valid mask settings");
+    let masker = Masker::new(
+        MaskConfig { probability: P, ..MaskConfig::default() },
+        diag::SYNTHETIC_MASK,
+        diag::SYNTHETIC_VOCAB,
+    )
+    .expect("valid mask settings");
     // The story's collate padded every batch to max_length = 128.
     let collator = Arc::new(Collator::new(diag::SYNTHETIC_PAD, Padding::Fixed(128), Some(masker)));
-    let config = LoaderConfig { batch_size: 8, workers: WORKERS, seeding, seed: 42, drop_last: true, ..LoaderConfig::default() };
+    let config = LoaderConfig {
+        batch_size: 8,
+        workers: WORKERS,
+        seeding,
+        seed: 42,
+        drop_last: true,
+        ..LoaderConfig::default()
+    };
     // Each "rank" runs its own loader over its own shard.
     let masks: Vec<Vec<RowMasks>> = (0..WORLD)
         .map(|rank| {
             let sampler = DistributedSampler::new(data.len(), WORLD, rank, 42).expect("rank < world");
-            let loader = Loader::new(Arc::clone(data), sampler, Arc::clone(&collator), config).expect("valid loader");
+            let loader =
+                Loader::new(Arc::clone(data), sampler, Arc::clone(&collator), config).expect("valid loader");
             loader.epoch(0).map(|batch| RowMasks::from(&batch.expect("batch"))).collect()
         })
         .collect();

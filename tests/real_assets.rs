@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use drove::collate::{read_conll, LabelSet, TagScheme, WordPieceTokenizer, IGNORE_LABEL};
+use drove::collate::{IGNORE_LABEL, LabelSet, TagScheme, WordPieceTokenizer, read_conll};
 
 fn assets() -> &'static PathBuf {
     static ASSETS: OnceLock<PathBuf> = OnceLock::new();
@@ -17,7 +17,10 @@ fn assets() -> &'static PathBuf {
             .env("DROVE_ASSETS", &dir)
             .status()
             .expect("running scripts/fetch-assets.sh");
-        assert!(status.success(), "scripts/fetch-assets.sh failed ({status}); the tests need the real assets");
+        assert!(
+            status.success(),
+            "scripts/fetch-assets.sh failed ({status}); the tests need the real assets"
+        );
         dir
     })
 }

@@ -4,8 +4,10 @@
 //! `cargo run -p drove-collate --example mask_batch`
 use std::sync::Arc;
 
-use drove_collate::diag::{synthetic_examples, SYNTHETIC_MASK, SYNTHETIC_PAD, SYNTHETIC_VOCAB};
-use drove_collate::{Collator, DistributedSampler, Loader, LoaderConfig, MaskAction, MaskConfig, Masker, Padding};
+use drove_collate::diag::{SYNTHETIC_MASK, SYNTHETIC_PAD, SYNTHETIC_VOCAB, synthetic_examples};
+use drove_collate::{
+    Collator, DistributedSampler, Loader, LoaderConfig, MaskAction, MaskConfig, Masker, Padding,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data = synthetic_examples(64, 24, 1).into();

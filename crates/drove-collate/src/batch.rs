@@ -165,7 +165,12 @@ impl Collator {
 
     /// Collates `examples` (global sample indices `indices`) into a batch, masking
     /// the inputs from `source`. Masks are drawn per position of the padded row.
-    pub fn collate(&self, examples: &[&Example], indices: &[usize], source: MaskSource<'_>) -> Result<Batch, CollateError> {
+    pub fn collate(
+        &self,
+        examples: &[&Example],
+        indices: &[usize],
+        source: MaskSource<'_>,
+    ) -> Result<Batch, CollateError> {
         let mut batch = Batch::default();
         self.collate_into(examples, indices, source, &mut batch)?;
         Ok(batch)
@@ -218,8 +223,8 @@ impl Collator {
             let Some(masker) = &self.masker else { continue };
             let cont = if whole_word {
                 continues.fill(false);
-                for i in 1..len {
-                    continues[i] = !example.special[i]
+                for (i, c) in continues.iter_mut().enumerate().take(len).skip(1) {
+                    *c = !example.special[i]
                         && example.word_ids[i].is_some()
                         && example.word_ids[i] == example.word_ids[i - 1];
                 }

@@ -102,8 +102,8 @@ impl Corpus {
 /// Reads a CoNLL file from disk.
 pub fn read_conll(path: impl AsRef<Path>) -> Result<Corpus, ConllError> {
     let path = path.as_ref();
-    let file = std::fs::File::open(path)
-        .map_err(|source| ConllError::Io { path: path.to_path_buf(), source })?;
+    let file =
+        std::fs::File::open(path).map_err(|source| ConllError::Io { path: path.to_path_buf(), source })?;
     parse_conll(std::io::BufReader::new(file), path)
 }
 
@@ -128,9 +128,7 @@ fn parse_tag(tag: &str) -> Result<Tag<'_>, String> {
     match prefix {
         "B" => Ok(Tag::Begin(kind)),
         "I" => Ok(Tag::Inside(kind)),
-        other => Err(format!(
-            "prefix {other:?} is not B or I (only IOB1 and IOB2 are supported)"
-        )),
+        other => Err(format!("prefix {other:?} is not B or I (only IOB1 and IOB2 are supported)")),
     }
 }
 
@@ -143,10 +141,7 @@ pub fn parse_conll(reader: impl BufRead, path: impl AsRef<Path>) -> Result<Corpu
 
     let flush = |current: &mut Sentence, out: &mut Vec<Sentence>| {
         if !current.words.is_empty() {
-            out.push(std::mem::replace(
-                current,
-                Sentence { words: Vec::new(), tags: Vec::new(), line: 0 },
-            ));
+            out.push(std::mem::replace(current, Sentence { words: Vec::new(), tags: Vec::new(), line: 0 }));
         }
     };
 
@@ -179,9 +174,7 @@ pub fn parse_conll(reader: impl BufRead, path: impl AsRef<Path>) -> Result<Corpu
                 return Err(ConllError::Malformed {
                     path,
                     line: number,
-                    expected: format!(
-                        "{expected} columns (word ... tag), as on line {first}"
-                    ),
+                    expected: format!("{expected} columns (word ... tag), as on line {first}"),
                     found: format!("{count}: {line:?}"),
                 });
             }

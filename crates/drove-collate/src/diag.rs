@@ -15,7 +15,7 @@ use rand_core::Rng;
 use crate::batch::{Batch, Collator, Example, Padding};
 use crate::loader::{Loader, LoaderConfig, LoaderError, MaskSeeding};
 use crate::mask::{MaskConfig, MaskConfigError, Masker};
-use crate::sampler::{below, DistributedSampler, SamplerError};
+use crate::sampler::{DistributedSampler, SamplerError, below};
 
 /// Agreement of two independent Bernoulli(`p`) masks: `p^2 + (1-p)^2`.
 pub fn expected_agreement(p: f64) -> f64 {
@@ -152,6 +152,7 @@ impl AgreementAccumulator {
     }
 
     /// The report so far.
+    #[allow(clippy::needless_range_loop)] // a symmetric matrix reads best indexed
     pub fn report(&self) -> AgreementReport {
         let w = self.world_size;
         let p = self.probability;
@@ -185,9 +186,11 @@ impl AgreementAccumulator {
         } else {
             f64::NAN
         };
-        let normalised = if expected < 1.0 { (mean_agreement - expected) / (1.0 - expected) } else { f64::NAN };
+        let normalised =
+            if expected < 1.0 { (mean_agreement - expected) / (1.0 - expected) } else { f64::NAN };
         let within_3_sigma = (mean_agreement - expected).abs() <= 3.0 * sigma;
-        let verdict = if mean_agreement > expected + 3.0 * sigma { Verdict::Identical } else { Verdict::Diverse };
+        let verdict =
+            if mean_agreement > expected + 3.0 * sigma { Verdict::Identical } else { Verdict::Diverse };
         AgreementReport {
             world_size: w,
             probability: p,
@@ -334,7 +337,8 @@ pub fn simulate(sim: &Simulation) -> Result<AgreementReport, SimulationError> {
     for rank in 0..sim.world_size {
         let sampler = DistributedSampler::new(data.len(), sim.world_size, rank, sim.seed)?;
         let loader = Loader::new(Arc::clone(&data), sampler, Arc::clone(&collator), config)?;
-        let masks = loader.epoch(sim.epoch).map(|b| b.map(|b| RowMasks::from(&b))).collect::<Result<_, _>>()?;
+        let masks =
+            loader.epoch(sim.epoch).map(|b| b.map(|b| RowMasks::from(&b))).collect::<Result<_, _>>()?;
         per_rank.push(masks);
     }
     let steps = per_rank.iter().map(Vec::len).min().unwrap_or(0);

@@ -40,9 +40,9 @@ pub mod mask;
 pub mod sampler;
 pub mod tokenize;
 
-pub use batch::{make_batches, Batch, Bucketing, CollateError, Collator, Example, MaskSource, Padding};
-pub use conll::{read_conll, Corpus, ConllError, LabelSet, Sentence, TagScheme};
+pub use batch::{Batch, Bucketing, CollateError, Collator, Example, MaskSource, Padding, make_batches};
+pub use conll::{ConllError, Corpus, LabelSet, Sentence, TagScheme, read_conll};
 pub use loader::{Epoch, Loader, LoaderConfig, LoaderError, MaskSeeding};
 pub use mask::{MaskAction, MaskConfig, MaskConfigError, Masker};
 pub use sampler::{DistributedSampler, Remainder, SamplerError};
-pub use tokenize::{SpecialTokens, TokenizeError, WordPieceTokenizer, IGNORE_LABEL};
+pub use tokenize::{IGNORE_LABEL, SpecialTokens, TokenizeError, WordPieceTokenizer};

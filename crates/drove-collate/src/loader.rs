@@ -10,13 +10,13 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
 use drove_seed::{Pcg64, Purpose, SampleStreams, StreamKey};
 
-use crate::batch::{make_batches, Batch, Bucketing, CollateError, Collator, Example, MaskSource};
+use crate::batch::{Batch, Bucketing, CollateError, Collator, Example, MaskSource, make_batches};
 use crate::sampler::DistributedSampler;
 
 /// Where the masker's random numbers come from.
@@ -58,9 +58,9 @@ impl FromStr for MaskSeeding {
             "derived" | "per-sample" => Ok(MaskSeeding::PerSample),
             "per-worker" | "worker" => Ok(MaskSeeding::PerWorker),
             "naive" => Ok(MaskSeeding::Naive),
-            other => Err(format!(
-                "unknown seeding {other:?}: expected derived (per-sample), per-worker or naive"
-            )),
+            other => {
+                Err(format!("unknown seeding {other:?}: expected derived (per-sample), per-worker or naive"))
+            }
         }
     }
 }
@@ -145,7 +145,12 @@ impl Loader {
         if config.batch_size == 0 {
             return Err(LoaderError::Config("batch_size must be at least 1".into()));
         }
-        Ok(Loader { data, sampler, collator, config: LoaderConfig { prefetch: config.prefetch.max(1), ..config } })
+        Ok(Loader {
+            data,
+            sampler,
+            collator,
+            config: LoaderConfig { prefetch: config.prefetch.max(1), ..config },
+        })
     }
 
     /// The settings.

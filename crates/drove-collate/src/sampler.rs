@@ -52,7 +52,15 @@ impl DistributedSampler {
         if rank >= world_size {
             return Err(SamplerError::RankOutOfRange { rank, world_size });
         }
-        Ok(DistributedSampler { len, world_size, rank, shuffle: true, seed, remainder: Remainder::Pad, epoch: 0 })
+        Ok(DistributedSampler {
+            len,
+            world_size,
+            rank,
+            shuffle: true,
+            seed,
+            remainder: Remainder::Pad,
+            epoch: 0,
+        })
     }
 
     /// Turns shuffling on or off (on by default).

@@ -10,8 +10,8 @@ use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::processors::bert::BertProcessing;
 use tokenizers::{InputSequence, Tokenizer, TruncationParams};
 
-use crate::conll::{LabelSet, Sentence};
 use crate::Example;
+use crate::conll::{LabelSet, Sentence};
 
 /// The label of positions that take no part in the loss (PyTorch's `ignore_index`).
 pub const IGNORE_LABEL: i64 = -100;
@@ -82,11 +82,17 @@ pub struct WordPieceTokenizer {
 impl WordPieceTokenizer {
     /// Loads `vocab.txt`; `lowercase` for uncased models; sequences are truncated to
     /// `max_len` tokens including `[CLS]` and `[SEP]`.
-    pub fn from_vocab(path: impl AsRef<Path>, lowercase: bool, max_len: usize) -> Result<Self, TokenizeError> {
+    pub fn from_vocab(
+        path: impl AsRef<Path>,
+        lowercase: bool,
+        max_len: usize,
+    ) -> Result<Self, TokenizeError> {
         let path = path.as_ref();
         let vocab_err = |message: String| TokenizeError::Vocab { path: path.to_path_buf(), message };
         if max_len < 3 {
-            return Err(vocab_err(format!("max_len {max_len} leaves no room for a word between [CLS] and [SEP]")));
+            return Err(vocab_err(format!(
+                "max_len {max_len} leaves no room for a word between [CLS] and [SEP]"
+            )));
         }
         let path_str = path.to_str().ok_or_else(|| vocab_err("path is not UTF-8".into()))?;
         if !path.is_file() {
@@ -165,7 +171,11 @@ impl WordPieceTokenizer {
     }
 
     /// Tokenizes every sentence.
-    pub fn encode_all(&self, sentences: &[Sentence], labels: &LabelSet) -> Result<Vec<Example>, TokenizeError> {
+    pub fn encode_all(
+        &self,
+        sentences: &[Sentence],
+        labels: &LabelSet,
+    ) -> Result<Vec<Example>, TokenizeError> {
         sentences.iter().map(|s| self.encode(s, labels)).collect()
     }
 }

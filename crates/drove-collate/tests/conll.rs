@@ -1,7 +1,7 @@
 //! The CoNLL reader on small fixtures written here.
 use std::io::Write;
 
-use drove_collate::{read_conll, ConllError, LabelSet, TagScheme};
+use drove_collate::{ConllError, LabelSet, TagScheme, read_conll};
 
 fn write(text: &str) -> tempfile::NamedTempFile {
     let mut f = tempfile::NamedTempFile::new().unwrap();

@@ -1,12 +1,15 @@
 //! The diagnostic reproduces the story: naive seeding agrees everywhere, derived
 //! seeding agrees as independent masks do.
-use drove_collate::diag::{expected_agreement, simulate, AgreementAccumulator, RowMasks, Simulation, Verdict};
 use drove_collate::MaskSeeding;
+use drove_collate::diag::{
+    AgreementAccumulator, RowMasks, Simulation, Verdict, expected_agreement, simulate,
+};
 
 #[test]
 fn naive_seeding_gives_identical_masks_across_ranks() {
     for workers in [1, 4] {
-        let r = simulate(&Simulation { seeding: MaskSeeding::Naive, workers, ..Simulation::default() }).unwrap();
+        let r =
+            simulate(&Simulation { seeding: MaskSeeding::Naive, workers, ..Simulation::default() }).unwrap();
         assert_eq!(r.mean_agreement, 1.0, "{workers} workers");
         assert_eq!(r.verdict, Verdict::Identical);
         assert!((r.normalised - 1.0).abs() < 1e-12);
@@ -29,8 +32,16 @@ fn derived_seeding_agrees_like_independent_masks() {
 
 #[test]
 fn accumulator_compares_only_positions_maskable_on_both() {
-    let a = RowMasks { width: 4, chosen: vec![false, true, true, false], maskable: vec![false, true, true, true] };
-    let b = RowMasks { width: 4, chosen: vec![true, true, false, false], maskable: vec![true, true, true, false] };
+    let a = RowMasks {
+        width: 4,
+        chosen: vec![false, true, true, false],
+        maskable: vec![false, true, true, true],
+    };
+    let b = RowMasks {
+        width: 4,
+        chosen: vec![true, true, false, false],
+        maskable: vec![true, true, true, false],
+    };
     assert_eq!(a.compare(&b), (1, 2));
     let mut acc = AgreementAccumulator::new(2, 0.5);
     acc.add_step(&[a.clone(), b]);

@@ -2,10 +2,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use drove_collate::diag::{synthetic_examples, SYNTHETIC_MASK, SYNTHETIC_PAD, SYNTHETIC_VOCAB};
+use drove_collate::diag::{SYNTHETIC_MASK, SYNTHETIC_PAD, SYNTHETIC_VOCAB, synthetic_examples};
 use drove_collate::{
-    make_batches, Bucketing, CollateError, Collator, DistributedSampler, Example, Loader, LoaderConfig,
-    LoaderError, MaskAction, MaskConfig, MaskSeeding, MaskSource, Masker, Padding, IGNORE_LABEL,
+    Bucketing, CollateError, Collator, DistributedSampler, Example, IGNORE_LABEL, Loader, LoaderConfig,
+    LoaderError, MaskAction, MaskConfig, MaskSeeding, MaskSource, Masker, Padding, make_batches,
 };
 
 fn masker() -> Masker {
@@ -27,7 +27,8 @@ fn dynamic_padding_rounds_to_a_multiple_and_pads_labels_with_ignore() {
     assert_eq!(b.seq_len % 8, 0);
     for (r, e) in examples.iter().enumerate() {
         let row = b.row(r);
-        let (ids, labels, att) = (&b.input_ids[row.clone()], &b.labels[row.clone()], &b.attention_mask[row.clone()]);
+        let (ids, labels, att) =
+            (&b.input_ids[row.clone()], &b.labels[row.clone()], &b.attention_mask[row.clone()]);
         assert_eq!(&ids[..e.len()], e.input_ids.as_slice());
         assert_eq!(&labels[..e.len()], e.labels.as_slice());
         assert!(ids[e.len()..].iter().all(|&t| t == SYNTHETIC_PAD));
@@ -68,9 +69,15 @@ fn fixed_padding_refuses_a_row_that_is_too_long() {
 }
 
 /// Mask of each sample's real tokens, over a whole epoch of every rank.
-fn masks_by_sample(world: usize, workers: usize, batch: usize, seeding: MaskSeeding) -> HashMap<usize, Vec<MaskAction>> {
+fn masks_by_sample(
+    world: usize,
+    workers: usize,
+    batch: usize,
+    seeding: MaskSeeding,
+) -> HashMap<usize, Vec<MaskAction>> {
     let d = data(200);
-    let collator = Arc::new(Collator::new(SYNTHETIC_PAD, Padding::Longest { multiple_of: 8 }, Some(masker())));
+    let collator =
+        Arc::new(Collator::new(SYNTHETIC_PAD, Padding::Longest { multiple_of: 8 }, Some(masker())));
     let mut out = HashMap::new();
     for rank in 0..world {
         let sampler = DistributedSampler::new(d.len(), world, rank, 42).unwrap();
@@ -125,10 +132,7 @@ fn per_worker_streams_differ_between_workers_and_naive_ones_do_not() {
     let chosen_of = |seeding| {
         let cfg = LoaderConfig { batch_size: 8, workers: 2, seeding, ..LoaderConfig::default() };
         let loader = Loader::new(Arc::clone(&d), sampler.clone(), Arc::clone(&collator), cfg).unwrap();
-        loader
-            .epoch(0)
-            .map(|b| drove_collate::diag::RowMasks::from(&b.unwrap()))
-            .collect::<Vec<_>>()
+        loader.epoch(0).map(|b| drove_collate::diag::RowMasks::from(&b.unwrap())).collect::<Vec<_>>()
     };
     // Batches 0 and 1 are the first batch of workers 0 and 1: compared where
     // maskable on both, naive workers agree everywhere.

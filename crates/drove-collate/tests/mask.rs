@@ -69,7 +69,13 @@ fn chosen_fraction_and_split_are_within_3_sigma_and_specials_never_chosen() {
 
 #[test]
 fn random_tokens_cover_the_vocabulary_uniformly() {
-    let cfg = MaskConfig { probability: 1.0, mask_fraction: 0.0, random_fraction: 1.0, keep_fraction: 0.0, whole_word: false };
+    let cfg = MaskConfig {
+        probability: 1.0,
+        mask_fraction: 0.0,
+        random_fraction: 1.0,
+        keep_fraction: 0.0,
+        whole_word: false,
+    };
     let vocab = 10;
     let masker = Masker::new(cfg, 3, vocab).unwrap();
     let mut rng = StreamKey::augment(1, 0, 0, 0).pcg64();
@@ -139,7 +145,11 @@ fn whole_word_masking_chooses_every_subword_of_a_word_together() {
         masker.mask_row(&mut ids, &maskable, Some(&continues), &mut actions, &mut streams.stream(sample));
         for i in 1..width - 1 {
             if continues[i] {
-                assert_eq!(actions[i].is_chosen(), actions[i - 1].is_chosen(), "sample {sample} position {i}");
+                assert_eq!(
+                    actions[i].is_chosen(),
+                    actions[i - 1].is_chosen(),
+                    "sample {sample} position {i}"
+                );
             } else {
                 words += 1;
                 chosen_words += u64::from(actions[i].is_chosen());
@@ -167,7 +177,8 @@ fn extreme_probabilities() {
 
 #[test]
 fn invalid_configurations_are_refused_with_the_field_named() {
-    let bad_sum = MaskConfig { mask_fraction: 0.8, random_fraction: 0.1, keep_fraction: 0.2, ..MaskConfig::default() };
+    let bad_sum =
+        MaskConfig { mask_fraction: 0.8, random_fraction: 0.1, keep_fraction: 0.2, ..MaskConfig::default() };
     let err = Masker::new(bad_sum, MASK, VOCAB).unwrap_err();
     assert!(matches!(err, MaskConfigError::BadSum { .. }));
     assert!(err.to_string().contains("sum to 1"), "{err}");

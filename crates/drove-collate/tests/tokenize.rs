@@ -1,7 +1,7 @@
 //! WordPiece tokenization and label alignment, on a vocabulary written here.
 use std::io::Write;
 
-use drove_collate::{LabelSet, Sentence, TokenizeError, WordPieceTokenizer, IGNORE_LABEL};
+use drove_collate::{IGNORE_LABEL, LabelSet, Sentence, TokenizeError, WordPieceTokenizer};
 
 const VOCAB: &[&str] = &[
     "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "eu", "rejects", "german", "un", "##bel", "##iev",
@@ -31,7 +31,10 @@ fn first_subword_keeps_the_label_the_rest_are_ignored() {
     let sp = tok.special();
     assert_eq!((sp.pad, sp.unk, sp.cls, sp.sep, sp.mask, sp.vocab_size), (0, 1, 2, 3, 4, 16));
     let labels = LabelSet::conll2003();
-    let s = sentence(&["EU", "rejects", "Unbelievable", "calls", "Xyz", "."], &["B-ORG", "O", "B-MISC", "O", "B-PER", "O"]);
+    let s = sentence(
+        &["EU", "rejects", "Unbelievable", "calls", "Xyz", "."],
+        &["B-ORG", "O", "B-MISC", "O", "B-PER", "O"],
+    );
     let e = tok.encode(&s, &labels).unwrap();
     //          [CLS] eu rejects un ##bel ##iev ##able call ##s [UNK] . [SEP]
     assert_eq!(e.input_ids, [2, 5, 6, 8, 9, 10, 11, 12, 13, 1, 14, 3]);

@@ -20,7 +20,12 @@ fn main() {
     println!("replayed {logged}: first={:#018x}", replayed.pcg64().next_u64());
 
     // Additive seeding collides: seed 42 on rank 1 is seed 43 on rank 0.
-    println!("seed+rank: 42+1 == 43+0 -> same stream: {}", 42 + 1 == 43);
+    let additive = |seed: u64, rank: u64| seed + rank;
+    println!(
+        "seed + rank: (42, rank 1) -> {}, (43, rank 0) -> {}: one stream",
+        additive(42, 1),
+        additive(43, 0)
+    );
     let a = StreamKey::augment(42, 1, 0, 0).pcg64().next_u64();
     let b = StreamKey::augment(43, 0, 0, 0).pcg64().next_u64();
     println!("drove keys (42, rank 1) vs (43, rank 0): {a:#018x} vs {b:#018x}");

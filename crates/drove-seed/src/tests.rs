@@ -8,10 +8,7 @@ fn golden_key() -> StreamKey {
 
 #[test]
 fn key_words_have_every_field_at_a_fixed_place() {
-    assert_eq!(
-        golden_key().words(),
-        [0x6472_6f76, 1, 2, 0, 42, 0, 1, 3, 5, 0, 0, 0]
-    );
+    assert_eq!(golden_key().words(), [0x6472_6f76, 1, 2, 0, 42, 0, 1, 3, 5, 0, 0, 0]);
     let big = StreamKey::augment(u64::MAX - 1, 7, 9, 1 << 40).with_lane(3).words();
     assert_eq!(&big[4..], &[0xffff_fffe, 0xffff_ffff, 7, 9, 0, 1 << 8, 3, 0]);
 }
@@ -26,8 +23,14 @@ fn hash_is_numpy_seedsequence_bit_for_bit() {
     assert_eq!(
         state,
         [
-            0xeb2c_33e4, 0x4335_6e93, 0x4274_9154, 0x8748_2232, 0x7294_4aac, 0x4cdb_54ed,
-            0x797a_da0a, 0xbca2_7148
+            0xeb2c_33e4,
+            0x4335_6e93,
+            0x4274_9154,
+            0x8748_2232,
+            0x7294_4aac,
+            0x4cdb_54ed,
+            0x797a_da0a,
+            0xbca2_7148
         ]
     );
     assert_eq!(
