@@ -11,8 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use drove_collate::diag::{self, SYNTHETIC_MASK, SYNTHETIC_PAD, SYNTHETIC_VOCAB};
 use drove_collate::{
-    Batch, Collator, DistributedSampler, Example, Loader, LoaderConfig, MaskAction, MaskConfig, MaskSeeding, MaskSource,
-    Masker, Padding,
+    Batch, Collator, DistributedSampler, Example, Loader, LoaderConfig, MaskAction, MaskConfig, MaskSeeding,
+    MaskSource, Masker, Padding,
 };
 use drove_seed::{Pcg64, Purpose, SampleStreams, StreamKey};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -152,8 +152,11 @@ impl Machine {
 
 /// A spinner on stderr when it is a terminal; nothing otherwise.
 fn spinner() -> ProgressBar {
-    let target =
-        if std::io::stderr().is_terminal() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
+    let target = if std::io::stderr().is_terminal() {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    };
     let pb = ProgressBar::with_draw_target(None, target);
     if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
         pb.set_style(style);
@@ -183,7 +186,9 @@ fn bench_masker(args: &MaskArgs, masker: &Masker) -> anyhow::Result<Rate> {
             let mut row_index = 0u64;
             measure(args.seconds, || {
                 work.copy_from_slice(&pristine);
-                for ((ids, m), a) in work.chunks_mut(width).zip(maskable.chunks(width)).zip(actions.chunks_mut(width)) {
+                for ((ids, m), a) in
+                    work.chunks_mut(width).zip(maskable.chunks(width)).zip(actions.chunks_mut(width))
+                {
                     let mut rng = streams.stream(row_index);
                     row_index += 1;
                     masker.mask_row(ids, m, None, a, &mut rng);
@@ -197,7 +202,9 @@ fn bench_masker(args: &MaskArgs, masker: &Masker) -> anyhow::Result<Rate> {
             let mut rng = StreamKey::augment(SEED, 0, 0, 0).pcg64();
             measure(args.seconds, || {
                 work.copy_from_slice(&pristine);
-                for ((ids, m), a) in work.chunks_mut(width).zip(maskable.chunks(width)).zip(actions.chunks_mut(width)) {
+                for ((ids, m), a) in
+                    work.chunks_mut(width).zip(maskable.chunks(width)).zip(actions.chunks_mut(width))
+                {
                     masker.mask_row(ids, m, None, a, &mut rng);
                 }
                 black_box(&mut work);
@@ -245,7 +252,12 @@ fn bench_collate(args: &MaskArgs, data: &[Example], masker: &Masker) -> anyhow::
 }
 
 /// The loader pool with `workers` threads, epoch after epoch.
-fn bench_loader(args: &MaskArgs, data: Arc<[Example]>, masker: &Masker, workers: usize) -> anyhow::Result<Rate> {
+fn bench_loader(
+    args: &MaskArgs,
+    data: Arc<[Example]>,
+    masker: &Masker,
+    workers: usize,
+) -> anyhow::Result<Rate> {
     let collator = Arc::new(Collator::new(SYNTHETIC_PAD, Padding::Fixed(args.seq), Some(masker.clone())));
     let sampler = DistributedSampler::new(data.len(), 1, 0, SEED).context("building the sampler")?;
     let config = LoaderConfig {
@@ -307,7 +319,8 @@ fn bench_rng(args: &MaskArgs) -> Rate {
 
 /// Runs every measurement and prints the result.
 pub fn run(args: &MaskArgs) -> anyhow::Result<()> {
-    let masker = Masker::new(MaskConfig::default(), SYNTHETIC_MASK, SYNTHETIC_VOCAB).context("building the masker")?;
+    let masker =
+        Masker::new(MaskConfig::default(), SYNTHETIC_MASK, SYNTHETIC_VOCAB).context("building the masker")?;
     let data: Arc<[Example]> = diag::synthetic_examples(DATASET, args.seq, SEED).into();
     let pb = spinner();
 
@@ -319,7 +332,7 @@ pub fn run(args: &MaskArgs) -> anyhow::Result<()> {
     tracing::debug!(?collate_rate, "collation measured");
     let loader_rate = match args.workers {
         Some(workers) => {
-            pb.set_message(format!("loader ({workers} workers)"));
+            pb.set_message("loader");
             let rate = bench_loader(args, Arc::clone(&data), &masker, workers)?;
             tracing::debug!(?rate, "loader measured");
             Some(rate)
@@ -396,8 +409,15 @@ fn table(r: &Report) -> String {
     let copy = r.baseline_copy_tokens_per_s;
     row("masker (1 thread)", r.masker_tokens_per_s, "tok", r.iterations.masker, Some(r.masker_vs_copy));
     row("collate (1 thread)", r.collate_tokens_per_s, "tok", r.iterations.collate, Some(r.collate_vs_copy));
-    if let (Some(rate), Some(iterations), Some(workers)) = (r.loader_tokens_per_s, r.iterations.loader, r.workers) {
-        row(&format!("loader ({workers} workers)"), rate, "tok", iterations, Some(rate / copy));
+    if let (Some(rate), Some(iterations), Some(workers)) =
+        (r.loader_tokens_per_s, r.iterations.loader, r.workers)
+    {
+        let name = if workers == 1 {
+            "loader (1 worker)".to_string()
+        } else {
+            format!("loader ({workers} workers)")
+        };
+        row(&name, rate, "tok", iterations, Some(rate / copy));
     }
     row("baseline: copy u32", copy, "tok", r.iterations.baseline_copy, None);
     row("baseline: pcg64 next_u64", r.baseline_rng_u64_per_s, "u64", r.iterations.baseline_rng, None);

@@ -20,6 +20,9 @@ mod bench;
 mod diag;
 mod seed;
 
+use std::io::IsTerminal as _;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
@@ -63,16 +66,31 @@ enum BenchCommand {
 
 fn init_tracing() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    init_tracing();
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Diag { what: DiagCommand::Masks(args) } => diag::run(&args),
         Command::Bench { what: BenchCommand::Mask(args) } => bench::run(&args),
         Command::Seed(args) => seed::run(&args),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the whole chain of causes, in clap's style.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -98,11 +116,7 @@ mod parse {
     /// A count of at least `min`, named `what` in the error.
     pub fn at_least(s: &str, min: usize, what: &str, why: &str) -> Result<usize, String> {
         let n: usize = s.parse().map_err(|_| format!("{what} must be a whole number, found {s:?}"))?;
-        if n >= min {
-            Ok(n)
-        } else {
-            Err(format!("{what} must be at least {min}{why}, found {n}"))
-        }
+        if n >= min { Ok(n) } else { Err(format!("{what} must be at least {min}{why}, found {n}")) }
     }
 
     /// A duration in seconds: finite and not negative.

@@ -251,9 +251,11 @@ mod tests {
     fn ids_outside_the_key_are_rejected_by_name() {
         let err = report(&["--purpose", "shuffle", "--seed", "1", "--rank", "2"]).unwrap_err().to_string();
         assert!(err.contains("--rank is not part of a shuffle key"), "{err}");
-        let err = report(&["--purpose", "naive", "--seed", "1", "--worker", "2", "--epoch", "1"]).unwrap_err();
+        let err =
+            report(&["--purpose", "naive", "--seed", "1", "--worker", "2", "--epoch", "1"]).unwrap_err();
         assert!(err.to_string().contains("--worker, --epoch are not part of the naive key"), "{err}");
-        let err = report(&["--purpose", "augment", "--seed", "1", "--sample", "3", "--rank", "1"]).unwrap_err();
+        let err =
+            report(&["--purpose", "augment", "--seed", "1", "--sample", "3", "--rank", "1"]).unwrap_err();
         assert!(err.to_string().contains("per-sample stream"), "{err}");
     }
 
