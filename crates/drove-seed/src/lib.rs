@@ -359,6 +359,13 @@ impl SampleStreams {
         SampleStreams { key, seed: derived, base: derived.chacha8() }
     }
 
+    /// Rebuilds a family from its logged [`SampleStreams::derived`] seed alone, to
+    /// replay any sample's stream. The key is not recoverable from the seed, so
+    /// the result has no key.
+    pub fn from_derived(seed: DerivedSeed) -> ReplayedSampleStreams {
+        ReplayedSampleStreams { base: seed.chacha8() }
+    }
+
     /// The key of the family.
     pub fn key(&self) -> StreamKey {
         self.key
@@ -370,6 +377,23 @@ impl SampleStreams {
         self.seed
     }
 
+    /// The stream of global sample `sample`, from its start.
+    pub fn stream(&self, sample: u64) -> ChaCha8Rng {
+        let mut rng = self.base.clone();
+        rng.set_stream(sample);
+        rng.set_word_pos(0);
+        rng
+    }
+}
+
+/// Per-sample streams rebuilt from a logged [`DerivedSeed`]
+/// (see [`SampleStreams::from_derived`]).
+#[derive(Clone, Debug)]
+pub struct ReplayedSampleStreams {
+    base: ChaCha8Rng,
+}
+
+impl ReplayedSampleStreams {
     /// The stream of global sample `sample`, from its start.
     pub fn stream(&self, sample: u64) -> ChaCha8Rng {
         let mut rng = self.base.clone();

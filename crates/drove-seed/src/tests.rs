@@ -167,6 +167,8 @@ fn sample_streams_are_addressable_and_replayable() {
     let mut replay = fam.derived().chacha8();
     replay.set_stream(1_000_000);
     assert_eq!([replay.next_u64(), replay.next_u64()], direct);
+    let logged: DerivedSeed = fam.derived().to_string().parse().unwrap();
+    assert_eq!(SampleStreams::from_derived(logged).stream(1_000_000).next_u64(), direct[0]);
     // Asking for a stream twice starts it from the beginning each time.
     assert_eq!(fam.stream(1_000_000).next_u64(), direct[0]);
 }
