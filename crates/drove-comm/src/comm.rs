@@ -1,0 +1,675 @@
+//! The `Collective` trait and the CPU communicator that implements it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::desc::{OpDesc, OpKind};
+use crate::dtype::{scale_bytes, Buffer, DType, ReduceOp, TensorMut, TensorRef};
+use crate::engine::{split, Engine, Reduction};
+use crate::error::CommError;
+use crate::mesh::{Clock, Mesh};
+use crate::rendezvous::{FileRendezvous, Rendezvous, StaticRendezvous};
+use crate::shm::Shm;
+
+/// How an all-reduce or reduce-scatter combines values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReduceOptions {
+    /// The combining op.
+    pub op: ReduceOp,
+    /// Factor applied to each rank's input before reducing (floats only).
+    pub prescale: f64,
+    /// Factor applied to the result (floats only).
+    pub postscale: f64,
+}
+
+impl ReduceOptions {
+    /// `op` without scaling.
+    pub fn new(op: ReduceOp) -> Self {
+        ReduceOptions { op, prescale: 1.0, postscale: 1.0 }
+    }
+    /// Sum.
+    pub fn sum() -> Self {
+        Self::new(ReduceOp::Sum)
+    }
+    /// Average.
+    pub fn average() -> Self {
+        Self::new(ReduceOp::Average)
+    }
+    /// With a pre-scale factor.
+    pub fn prescale(mut self, factor: f64) -> Self {
+        self.prescale = factor;
+        self
+    }
+    /// With a post-scale factor.
+    pub fn postscale(mut self, factor: f64) -> Self {
+        self.postscale = factor;
+        self
+    }
+}
+
+impl Default for ReduceOptions {
+    fn default() -> Self {
+        Self::sum()
+    }
+}
+
+/// The result of an all-gather: every rank's tensor, concatenated on the first
+/// dimension in rank order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gathered {
+    /// The elements.
+    pub data: Buffer,
+    /// Each rank's first dimension.
+    pub first_dims: Vec<usize>,
+    /// The shape of `data`.
+    pub shape: Vec<usize>,
+}
+
+/// An op in flight; `wait` for its result.
+#[must_use = "an async op must be waited on"]
+pub struct Pending<T> {
+    rx: Receiver<Result<T, CommError>>,
+}
+
+impl<T> Pending<T> {
+    /// A result that is already there.
+    pub fn ready(result: Result<T, CommError>) -> Self {
+        let (tx, rx) = channel();
+        let _ = tx.send(result);
+        Pending { rx }
+    }
+
+    /// Blocks until the op completes.
+    pub fn wait(self) -> Result<T, CommError> {
+        self.rx.recv().unwrap_or_else(|_| {
+            Err(CommError::Broken { cause: "the communicator was dropped before the op ran".into() })
+        })
+    }
+
+    /// The result if the op has completed, else the handle back.
+    pub fn try_wait(self) -> Result<Result<T, CommError>, Self> {
+        match self.rx.try_recv() {
+            Ok(r) => Ok(r),
+            Err(std::sync::mpsc::TryRecvError::Empty) => Err(self),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                Ok(Err(CommError::Broken { cause: "the communicator was dropped before the op ran".into() }))
+            }
+        }
+    }
+}
+
+/// Collective operations across the ranks of a data-parallel job: the one seam
+/// between a trainer and its transport.
+///
+/// Every op is checked across ranks before data moves: name, dtype, shape, reduce
+/// op, scale factors and root must agree, or every rank gets the same
+/// [`CommError::Mismatch`] and the communicator stays usable. Ops must be called
+/// in the same order on every rank.
+pub trait Collective: Send + Sync {
+    /// This rank, in `0..world_size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+    /// In-place all-reduce.
+    fn all_reduce(&self, name: &str, shape: &[usize], data: TensorMut<'_>, opts: ReduceOptions) -> Result<(), CommError>;
+    /// In-place broadcast from `root`; the root's tensor is not modified.
+    fn broadcast(&self, name: &str, shape: &[usize], data: TensorMut<'_>, root: usize) -> Result<(), CommError>;
+    /// Gathers every rank's tensor; first dimensions may differ, the rest must agree.
+    fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError>;
+    /// Reduces across ranks and returns this rank's slice of the first dimension
+    /// (split as evenly as possible, lower ranks taking one more row).
+    fn reduce_scatter(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorRef<'_>,
+        opts: ReduceOptions,
+    ) -> Result<Gathered, CommError>;
+    /// Waits until every rank reaches the barrier.
+    fn barrier(&self, name: &str) -> Result<(), CommError>;
+
+    /// All-reduce of an owned buffer, returning at once; the default runs it now.
+    fn all_reduce_async(&self, name: &str, shape: &[usize], mut data: Buffer, opts: ReduceOptions) -> Pending<Buffer> {
+        Pending::ready(self.all_reduce(name, shape, data.as_mut(), opts).map(|()| data))
+    }
+
+    /// Broadcast of an owned buffer, returning at once; the default runs it now.
+    fn broadcast_async(&self, name: &str, shape: &[usize], mut data: Buffer, root: usize) -> Pending<Buffer> {
+        Pending::ready(self.broadcast(name, shape, data.as_mut(), root).map(|()| data))
+    }
+}
+
+/// Which transport carries the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Shared memory when every rank is on one host (and it can be set up),
+    /// else the TCP ring.
+    Auto,
+    /// Always the TCP ring.
+    Tcp,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" | "shm" => Ok(Transport::Auto),
+            "tcp" => Ok(Transport::Tcp),
+            other => Err(format!("unknown transport {other:?}: expected auto or tcp")),
+        }
+    }
+}
+
+/// Communicator settings.
+#[derive(Clone, Debug)]
+pub struct CommOptions {
+    /// An op that has not completed after this long fails, naming the ranks it
+    /// waits for (default 30 s).
+    pub timeout: Duration,
+    /// A warning names the ranks waited for after this long (default 10 s).
+    pub warn_after: Duration,
+    /// Time allowed to find and connect to every peer (default 60 s).
+    pub connect_timeout: Duration,
+    /// Data transport.
+    pub transport: Transport,
+    /// Bytes per shared-memory staging buffer (default 1 MiB).
+    pub shm_chunk: usize,
+    /// Test hook: the process kills itself (SIGKILL) after moving this many bytes.
+    #[doc(hidden)]
+    pub fault_kill_after_bytes: Option<u64>,
+}
+
+impl Default for CommOptions {
+    fn default() -> Self {
+        CommOptions {
+            timeout: Duration::from_secs(30),
+            warn_after: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(60),
+            transport: Transport::Auto,
+            shm_chunk: 1 << 20,
+            fault_kill_after_bytes: None,
+        }
+    }
+}
+
+impl CommOptions {
+    /// Defaults, overridden by `DROVE_COMM_TIMEOUT` and `DROVE_COMM_WARN_AFTER`
+    /// (seconds) and `DROVE_COMM_TRANSPORT` (`auto` or `tcp`).
+    pub fn from_env() -> Result<Self, CommError> {
+        let mut o = CommOptions::default();
+        let secs = |name: &str| -> Result<Option<Duration>, CommError> {
+            match std::env::var(name) {
+                Ok(v) => v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s > 0.0)
+                    .map(|s| Some(Duration::from_secs_f64(s)))
+                    .ok_or_else(|| CommError::Rendezvous(format!("{name}={v:?} is not a positive number of seconds"))),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(t) = secs("DROVE_COMM_TIMEOUT")? {
+            o.timeout = t;
+            o.warn_after = o.warn_after.min(t / 3);
+        }
+        if let Some(t) = secs("DROVE_COMM_WARN_AFTER")? {
+            o.warn_after = t;
+        }
+        if let Ok(v) = std::env::var("DROVE_COMM_TRANSPORT") {
+            o.transport = v.parse().map_err(CommError::Rendezvous)?;
+        }
+        Ok(o)
+    }
+}
+
+struct State {
+    serving: u64,
+    engine: Engine,
+}
+
+struct Shared {
+    rank: usize,
+    world: usize,
+    transport: &'static str,
+    next_ticket: AtomicU64,
+    state: Mutex<State>,
+    turn: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ticket(&self) -> u64 {
+        self.next_ticket.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Runs `f` on the engine when ticket `t` is served: ops run in the order
+    /// their tickets were taken, whichever thread runs them.
+    fn run<R>(&self, t: u64, f: impl FnOnce(&mut Engine) -> R) -> R {
+        let mut st = self.lock();
+        while st.serving != t {
+            st = self.turn.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        struct Advance<'a>(&'a Shared, MutexGuard<'a, State>);
+        impl Drop for Advance<'_> {
+            fn drop(&mut self) {
+                self.1.serving += 1;
+                self.0.turn.notify_all();
+            }
+        }
+        let mut guard = Advance(self, st);
+        f(&mut guard.1.engine)
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The CPU communicator: shared memory between ranks on one host, a TCP ring
+/// otherwise. Ops run in call order; async ops run on a background thread.
+pub struct Communicator {
+    shared: Arc<Shared>,
+    jobs: Mutex<Option<Sender<Job>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn product(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
+}
+
+fn shape_problem(shape: &[usize], len: usize) -> Option<String> {
+    match product(shape) {
+        Some(n) if n == len => None,
+        Some(n) => Some(format!("shape {shape:?} holds {n} elements but the tensor has {len}")),
+        None => Some(format!("shape {shape:?} overflows")),
+    }
+}
+
+fn scale_problem(dtype: DType, opts: &ReduceOptions) -> Option<String> {
+    if !dtype.is_float() && (opts.prescale != 1.0 || opts.postscale != 1.0) {
+        return Some(format!(
+            "scale factors apply to floating-point tensors only (found {dtype} with prescale {} and postscale {})",
+            opts.prescale, opts.postscale
+        ));
+    }
+    if !opts.prescale.is_finite() || !opts.postscale.is_finite() {
+        return Some(format!("scale factors must be finite (prescale {}, postscale {})", opts.prescale, opts.postscale));
+    }
+    None
+}
+
+fn desc(kind: OpKind, name: &str, dtype: DType, shape: &[usize]) -> OpDesc {
+    OpDesc {
+        seq: 0,
+        kind,
+        name: name.to_string(),
+        dtype,
+        shape: shape.iter().map(|&d| d as u64).collect(),
+        reduce: None,
+        prescale: 1.0,
+        postscale: 1.0,
+        root: 0,
+        problem: String::new(),
+    }
+}
+
+impl Communicator {
+    /// Finds the other ranks through `rendezvous` and connects to them.
+    pub fn connect(rendezvous: &dyn Rendezvous, opts: CommOptions) -> Result<Communicator, CommError> {
+        let (rank, world) = (rendezvous.rank(), rendezvous.world_size());
+        let deadline = Instant::now() + opts.connect_timeout;
+        let bind = rendezvous.bind_addr();
+        let listener =
+            std::net::TcpListener::bind(bind).map_err(|e| CommError::io(format!("rank {rank}: binding {bind}"), e))?;
+        let local = listener.local_addr().map_err(|e| CommError::io("reading the listener's address", e))?;
+        let addrs = rendezvous.exchange(local, deadline)?;
+        if addrs.len() != world {
+            return Err(CommError::Rendezvous(format!("got {} addresses for {world} ranks", addrs.len())));
+        }
+        let mut mesh = Mesh::connect(rank, world, &listener, &addrs, deadline)?;
+        drop(listener);
+        let shm = if world > 1 && opts.transport == Transport::Auto {
+            setup_shm(&mut mesh, &opts, deadline)?
+        } else {
+            None
+        };
+        let engine = Engine::new(mesh, shm, opts.timeout, opts.warn_after, opts.fault_kill_after_bytes);
+        let transport = engine.transport();
+        tracing::debug!(rank, world, transport, "communicator connected");
+        let shared = Arc::new(Shared {
+            rank,
+            world,
+            transport,
+            next_ticket: AtomicU64::new(0),
+            state: Mutex::new(State { serving: 0, engine }),
+            turn: Condvar::new(),
+        });
+        let (tx, rx) = channel::<Job>();
+        let worker = std::thread::Builder::new()
+            .name(format!("drove-comm-{rank}"))
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+            })
+            .map_err(|e| CommError::io("starting the communicator thread", e))?;
+        Ok(Communicator { shared, jobs: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)) })
+    }
+
+    /// Connects using the environment: `DROVE_RENDEZVOUS_DIR` (a shared
+    /// directory) if set, else `DROVE_PEERS`; options from [`CommOptions::from_env`].
+    pub fn from_env() -> Result<Communicator, CommError> {
+        let opts = CommOptions::from_env()?;
+        if std::env::var_os("DROVE_RENDEZVOUS_DIR").is_some() {
+            Self::connect(&FileRendezvous::from_env()?, opts)
+        } else {
+            Self::connect(&StaticRendezvous::from_env()?, opts)
+        }
+    }
+
+    /// The transport in use: `"shm"` or `"tcp"`.
+    pub fn transport(&self) -> &'static str {
+        self.shared.transport
+    }
+
+    fn submit(&self, job: Job) -> Result<(), CommError> {
+        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        match jobs.as_ref() {
+            Some(tx) => tx.send(job).map_err(|_| CommError::Broken { cause: "the communicator thread stopped".into() }),
+            None => Err(CommError::Broken { cause: "the communicator is shutting down".into() }),
+        }
+    }
+
+    fn all_reduce_impl(
+        engine: &mut Engine,
+        name: &str,
+        shape: &[usize],
+        mut data: TensorMut<'_>,
+        opts: ReduceOptions,
+    ) -> Result<(), CommError> {
+        let dtype = data.dtype();
+        let mut d = desc(OpKind::AllReduce, name, dtype, shape);
+        d.reduce = Some(opts.op);
+        d.prescale = opts.prescale;
+        d.postscale = opts.postscale;
+        d.problem = shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts)).unwrap_or_default();
+        let (mut clock, _) = engine.begin(d)?;
+        let bytes = data.bytes_mut();
+        if dtype.is_float() {
+            scale_bytes(dtype, opts.prescale, bytes);
+        }
+        engine.all_reduce(bytes, Reduction { dtype, op: opts.op, postscale: opts.postscale }, &mut clock)
+    }
+
+    fn broadcast_impl(
+        engine: &mut Engine,
+        name: &str,
+        shape: &[usize],
+        mut data: TensorMut<'_>,
+        root: usize,
+    ) -> Result<(), CommError> {
+        let world = engine.world();
+        let mut d = desc(OpKind::Broadcast, name, data.dtype(), shape);
+        d.root = root as u32;
+        d.problem = shape_problem(shape, data.len())
+            .or_else(|| (root >= world).then(|| format!("root {root} is out of range for world size {world}")))
+            .unwrap_or_default();
+        let (mut clock, _) = engine.begin(d)?;
+        engine.broadcast(data.bytes_mut(), root, &mut clock)
+    }
+}
+
+fn setup_shm(mesh: &mut Mesh, opts: &CommOptions, deadline: Instant) -> Result<Option<Shm>, CommError> {
+    let (rank, world) = (mesh.rank, mesh.world);
+    let one_host = mesh.boot_ids.iter().all(|b| !b.is_empty() && *b == mesh.boot_ids[0]);
+    let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let mut clock = Clock::new("shared-memory setup".into(), timeout, timeout);
+    let chunk = opts.shm_chunk.max(4096) / 64 * 64;
+    // Rank 0 creates the region and tells everyone its path (empty: no shm).
+    let mut created: Option<(String, Shm)> = None;
+    let mut frame_path = String::new();
+    if rank == 0 && one_host && world * 64 + 64 <= 4096 {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let path = format!("/dev/shm/drove-{}-{nanos}", std::process::id());
+        match Shm::open(&path, true, rank, world, chunk) {
+            Ok(shm) => {
+                frame_path = path.clone();
+                created = Some((path, shm));
+            }
+            Err(e) => tracing::info!("shared memory unavailable ({e}); using TCP"),
+        }
+    }
+    let frame = |text: &str| {
+        let mut f = (text.len() as u32).to_le_bytes().to_vec();
+        f.extend_from_slice(text.as_bytes());
+        f
+    };
+    let paths = mesh.all_to_all_frames(&frame(&frame_path), &mut clock)?;
+    let path = if rank == 0 { frame_path.clone() } else { String::from_utf8_lossy(&paths[0]).into_owned() };
+    let mut mine: Option<Shm> = None;
+    let mut status = String::from("none");
+    if !path.is_empty() {
+        if rank == 0 {
+            mine = created.take().map(|(_, s)| s);
+            status = "ok".into();
+        } else {
+            match Shm::open(&path, false, rank, world, chunk) {
+                Ok(s) => {
+                    mine = Some(s);
+                    status = "ok".into();
+                }
+                Err(e) => status = format!("cannot open {path}: {e}"),
+            }
+        }
+    }
+    let statuses = mesh.all_to_all_frames(&frame(&status), &mut clock)?;
+    if rank == 0 && !path.is_empty() {
+        let _ = std::fs::remove_file(&path); // every rank has mapped it (or given up)
+    }
+    let all_ok = (0..world).all(|r| if r == rank { status == "ok" } else { statuses[r] == b"ok" });
+    if !all_ok {
+        if !path.is_empty() {
+            tracing::info!("shared memory not usable by every rank; using TCP");
+        }
+        return Ok(None);
+    }
+    Ok(mine)
+}
+
+impl Collective for Communicator {
+    fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.world
+    }
+
+    fn all_reduce(&self, name: &str, shape: &[usize], data: TensorMut<'_>, opts: ReduceOptions) -> Result<(), CommError> {
+        let t = self.shared.ticket();
+        self.shared.run(t, |e| Self::all_reduce_impl(e, name, shape, data, opts))
+    }
+
+    fn broadcast(&self, name: &str, shape: &[usize], data: TensorMut<'_>, root: usize) -> Result<(), CommError> {
+        let t = self.shared.ticket();
+        self.shared.run(t, |e| Self::broadcast_impl(e, name, shape, data, root))
+    }
+
+    fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError> {
+        let t = self.shared.ticket();
+        self.shared.run(t, |engine| {
+            let dtype = data.dtype();
+            let mut d = desc(OpKind::AllGather, name, dtype, shape);
+            d.problem = if shape.is_empty() {
+                "all_gather needs a tensor with at least one dimension".into()
+            } else {
+                shape_problem(shape, data.len()).unwrap_or_default()
+            };
+            let (mut clock, all) = engine.begin(d)?;
+            let counts: Vec<usize> =
+                all.iter().map(|d| d.shape.iter().product::<u64>() as usize * dtype.size()).collect();
+            let first_dims: Vec<usize> = all.iter().map(|d| d.shape[0] as usize).collect();
+            let mut out = Buffer::zeros(dtype, counts.iter().sum::<usize>() / dtype.size());
+            engine.all_gather(data.bytes(), &counts, out.bytes_mut(), &mut clock)?;
+            let mut out_shape = shape.to_vec();
+            out_shape[0] = first_dims.iter().sum();
+            Ok(Gathered { data: out, first_dims, shape: out_shape })
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorRef<'_>,
+        opts: ReduceOptions,
+    ) -> Result<Gathered, CommError> {
+        let t = self.shared.ticket();
+        self.shared.run(t, |engine| {
+            let dtype = data.dtype();
+            let world = engine.world();
+            let mut d = desc(OpKind::ReduceScatter, name, dtype, shape);
+            d.reduce = Some(opts.op);
+            d.prescale = opts.prescale;
+            d.postscale = opts.postscale;
+            d.problem = if shape.is_empty() {
+                "reduce_scatter needs a tensor with at least one dimension".into()
+            } else {
+                shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts)).unwrap_or_default()
+            };
+            let (mut clock, _) = engine.begin(d)?;
+            let row: usize = shape[1..].iter().product();
+            let rows = split(shape[0], world);
+            let segs: Vec<_> = rows.iter().map(|r| r.start * row..r.end * row).collect();
+            let mut input = Buffer::zeros(dtype, data.len());
+            input.bytes_mut().copy_from_slice(data.bytes());
+            if dtype.is_float() {
+                scale_bytes(dtype, opts.prescale, input.bytes_mut());
+            }
+            let rank = engine.rank();
+            let mut out = Buffer::zeros(dtype, segs[rank].len());
+            let red = Reduction { dtype, op: opts.op, postscale: opts.postscale };
+            engine.reduce_scatter(input.bytes_mut(), &segs, out.bytes_mut(), red, &mut clock)?;
+            let mut out_shape = shape.to_vec();
+            out_shape[0] = rows[rank].len();
+            Ok(Gathered { data: out, first_dims: rows.iter().map(|r| r.len()).collect(), shape: out_shape })
+        })
+    }
+
+    fn barrier(&self, name: &str) -> Result<(), CommError> {
+        let t = self.shared.ticket();
+        self.shared.run(t, |e| e.begin(desc(OpKind::Barrier, name, DType::I32, &[])).map(|_| ()))
+    }
+
+    fn all_reduce_async(&self, name: &str, shape: &[usize], mut data: Buffer, opts: ReduceOptions) -> Pending<Buffer> {
+        let t = self.shared.ticket();
+        let (tx, rx) = channel();
+        let shared = Arc::clone(&self.shared);
+        let (name, shape) = (name.to_string(), shape.to_vec());
+        let job: Job = Box::new(move || {
+            let r = shared.run(t, |e| Self::all_reduce_impl(e, &name, &shape, data.as_mut(), opts));
+            let _ = tx.send(r.map(|()| data));
+        });
+        if let Err(e) = self.submit(job) {
+            return Pending::ready(Err(e));
+        }
+        Pending { rx }
+    }
+
+    fn broadcast_async(&self, name: &str, shape: &[usize], mut data: Buffer, root: usize) -> Pending<Buffer> {
+        let t = self.shared.ticket();
+        let (tx, rx) = channel();
+        let shared = Arc::clone(&self.shared);
+        let (name, shape) = (name.to_string(), shape.to_vec());
+        let job: Job = Box::new(move || {
+            let r = shared.run(t, |e| Self::broadcast_impl(e, &name, &shape, data.as_mut(), root));
+            let _ = tx.send(r.map(|()| data));
+        });
+        if let Err(e) = self.submit(job) {
+            return Pending::ready(Err(e));
+        }
+        Pending { rx }
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Finish queued async ops, then leave together, so that no rank closes its
+        // connections while another is still in an op with it.
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = w.join();
+        }
+        let t = self.shared.ticket();
+        self.shared.run(t, |e| {
+            if e.broken.is_none() && e.world() > 1 {
+                if let Err(err) = e.begin(desc(OpKind::Shutdown, "shutdown", DType::I32, &[])) {
+                    tracing::debug!("leaving the communicator: {err}");
+                }
+            }
+        });
+    }
+}
+
+/// A world of one: every op is local. For single-process runs and tests.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SingleProcess;
+
+impl Collective for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn all_reduce(&self, name: &str, shape: &[usize], mut data: TensorMut<'_>, opts: ReduceOptions) -> Result<(), CommError> {
+        let dtype = data.dtype();
+        if let Some(problem) = shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts)) {
+            return Err(CommError::Invalid { op: format!("all_reduce {name:?}"), message: problem });
+        }
+        if dtype.is_float() {
+            let bytes = data.bytes_mut();
+            scale_bytes(dtype, opts.prescale, bytes);
+            crate::dtype::finish(dtype, opts.op, 1, opts.postscale, bytes);
+        }
+        Ok(())
+    }
+    fn broadcast(&self, name: &str, shape: &[usize], data: TensorMut<'_>, root: usize) -> Result<(), CommError> {
+        if let Some(problem) = shape_problem(shape, data.len()) {
+            return Err(CommError::Invalid { op: format!("broadcast {name:?}"), message: problem });
+        }
+        if root != 0 {
+            return Err(CommError::Invalid {
+                op: format!("broadcast {name:?}"),
+                message: format!("root {root} is out of range for world size 1"),
+            });
+        }
+        Ok(())
+    }
+    fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError> {
+        if let Some(problem) = shape_problem(shape, data.len()).or_else(|| shape.is_empty().then(|| "needs a dimension".into())) {
+            return Err(CommError::Invalid { op: format!("all_gather {name:?}"), message: problem });
+        }
+        let mut out = Buffer::zeros(data.dtype(), data.len());
+        out.bytes_mut().copy_from_slice(data.bytes());
+        Ok(Gathered { data: out, first_dims: vec![shape[0]], shape: shape.to_vec() })
+    }
+    fn reduce_scatter(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorRef<'_>,
+        opts: ReduceOptions,
+    ) -> Result<Gathered, CommError> {
+        let mut g = self.all_gather(name, shape, data)?;
+        self.all_reduce(name, shape, g.data.as_mut(), opts)?;
+        Ok(g)
+    }
+    fn barrier(&self, _name: &str) -> Result<(), CommError> {
+        Ok(())
+    }
+}

@@ -1,0 +1,509 @@
+//! The op implementations, over shared memory (ranks on one host) or a TCP ring.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use crate::desc::{check, OpDesc};
+use crate::dtype::{combine_bytes, combine_many, finish, Combine, DType, ReduceOp};
+use crate::error::CommError;
+use crate::mesh::{Clock, Mesh};
+use crate::shm::Shm;
+
+/// Everything one op needs to know about the reduction.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reduction {
+    pub dtype: DType,
+    pub op: ReduceOp,
+    pub postscale: f64,
+}
+
+pub(crate) struct Engine {
+    pub mesh: Mesh,
+    pub shm: Option<Shm>,
+    pub timeout: Duration,
+    pub warn_after: Duration,
+    pub seq: u64,
+    pub broken: Option<String>,
+    shm_round: usize,
+    moved: u64,
+    kill_after: Option<u64>,
+    scratch: Vec<u64>,
+}
+
+/// Splits `n` items into `parts` contiguous ranges, the first `n % parts` one longer.
+pub(crate) fn split(n: usize, parts: usize) -> Vec<Range<usize>> {
+    let (base, extra) = (n / parts, n % parts);
+    let mut start = 0;
+    (0..parts)
+        .map(|i| {
+            let len = base + usize::from(i < extra);
+            let r = start..start + len;
+            start += len;
+            r
+        })
+        .collect()
+}
+
+fn scale(r: &Range<usize>, by: usize) -> Range<usize> {
+    r.start * by..r.end * by
+}
+
+/// `(&buf[a], &mut buf[b])` for disjoint ranges.
+fn disjoint(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
+    assert!(a.end <= b.start || b.end <= a.start, "ranges overlap");
+    if a.start < b.start {
+        let (lo, hi) = buf.split_at_mut(b.start);
+        (&lo[a], &mut hi[..b.end - b.start])
+    } else {
+        let (lo, hi) = buf.split_at_mut(a.start);
+        (&hi[..a.end - a.start], &mut lo[b])
+    }
+}
+
+/// The `k`-th piece of `seg` when pieces have `piece` elements.
+fn piece_of(seg: &Range<usize>, k: usize, piece: usize) -> Range<usize> {
+    let start = (seg.start + k * piece).min(seg.end);
+    start..(start + piece).min(seg.end)
+}
+
+impl Engine {
+    pub fn new(mesh: Mesh, shm: Option<Shm>, timeout: Duration, warn_after: Duration, kill_after: Option<u64>) -> Self {
+        Engine {
+            mesh,
+            shm,
+            timeout,
+            warn_after,
+            seq: 0,
+            broken: None,
+            shm_round: 0,
+            moved: 0,
+            kill_after,
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.mesh.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.mesh.world
+    }
+
+    pub fn transport(&self) -> &'static str {
+        if self.shm.is_some() { "shm" } else { "tcp" }
+    }
+
+    /// Counts bytes moved; test hook that kills this process mid-op.
+    fn moved(&mut self, bytes: usize) {
+        self.moved += bytes as u64;
+        if let Some(limit) = self.kill_after {
+            if self.moved >= limit {
+                // SAFETY: raising a signal on our own process.
+                unsafe {
+                    libc::kill(libc::getpid(), libc::SIGKILL);
+                }
+            }
+        }
+    }
+
+    /// Sends this rank's description to all, checks all agree. On success returns
+    /// the clock of the op and every rank's description.
+    pub fn begin(&mut self, mut desc: OpDesc) -> Result<(Clock, Vec<OpDesc>), CommError> {
+        if let Some(cause) = &self.broken {
+            return Err(CommError::Broken { cause: cause.clone() });
+        }
+        desc.seq = self.seq;
+        self.seq += 1;
+        let mut clock = Clock::new(desc.label(), self.timeout, self.warn_after);
+        if self.world() == 1 {
+            check(std::slice::from_ref(&desc))?;
+            return Ok((clock, vec![desc]));
+        }
+        let frames = self.mesh.all_to_all_frames(&desc.encode(), &mut clock).inspect_err(|e| self.fail(e))?;
+        let mut all = Vec::with_capacity(self.world());
+        for (r, body) in frames.into_iter().enumerate() {
+            if r == self.rank() {
+                all.push(desc.clone());
+                continue;
+            }
+            match OpDesc::decode(&body) {
+                Some(d) => all.push(d),
+                None => {
+                    let e = CommError::PeerLost {
+                        op: clock.op.clone(),
+                        ranks: vec![r],
+                        detail: "sent an op description that does not decode (a different drove version?)".into(),
+                    };
+                    self.fail(&e);
+                    return Err(e);
+                }
+            }
+        }
+        check(&all)?;
+        Ok((clock, all))
+    }
+
+    /// Marks the communicator unusable after a failure in the middle of an op.
+    pub fn fail(&mut self, e: &CommError) {
+        if !e.is_recoverable() && self.broken.is_none() {
+            self.broken = Some(e.to_string());
+        }
+    }
+
+    // ---- all-reduce --------------------------------------------------------------
+
+    /// In-place all-reduce of `buf` (elements of `red.dtype`), pre-scaled already.
+    pub fn all_reduce(&mut self, buf: &mut [u8], red: Reduction, clock: &mut Clock) -> Result<(), CommError> {
+        let r = if self.world() == 1 {
+            finish(red.dtype, red.op, 1, red.postscale, buf);
+            Ok(())
+        } else if self.shm.is_some() {
+            self.shm_all_reduce(buf, red, clock)
+        } else {
+            self.ring_all_reduce(buf, red, clock)
+        };
+        r.inspect_err(|e| self.fail(e))
+    }
+
+    fn shm_all_reduce(&mut self, buf: &mut [u8], red: Reduction, clock: &mut Clock) -> Result<(), CommError> {
+        let (rank, world, es) = (self.rank(), self.world(), red.dtype.size());
+        let n = buf.len() / es;
+        let segs = split(n, world);
+        let shm = self.shm.as_mut().expect("shm transport");
+        let piece = (shm.chunk / world / es / 16 * 16).max(16);
+        let rounds = segs.iter().map(|s| s.len().div_ceil(piece)).max().unwrap_or(0);
+        let combine = Combine::from(red.op);
+        let mut moved = 0;
+        for k in 0..rounds {
+            let b = (self.shm_round + k) % 2;
+            let shm = self.shm.as_mut().expect("shm transport");
+            {
+                let slot = shm.slot(rank, b);
+                for (q, seg) in segs.iter().enumerate() {
+                    let p = scale(&piece_of(seg, k, piece), es);
+                    slot[q * piece * es..][..p.len()].copy_from_slice(&buf[p.clone()]);
+                    moved += p.len();
+                }
+            }
+            shm.publish();
+            shm.wait_all(&self.mesh, clock)?;
+            let mine = scale(&piece_of(&segs[rank], k, piece), es);
+            if !mine.is_empty() {
+                let srcs: Vec<&[u8]> =
+                    (0..world).map(|q| &shm.slot(q, b)[rank * piece * es..][..mine.len()] as &[u8]).collect();
+                let out = &mut buf[mine.clone()];
+                combine_many(red.dtype, combine, out, &srcs);
+                finish(red.dtype, red.op, world, red.postscale, out);
+                shm.slot(rank, b)[rank * piece * es..][..mine.len()].copy_from_slice(out);
+            }
+            shm.publish();
+            shm.wait_all(&self.mesh, clock)?;
+            for (q, seg) in segs.iter().enumerate() {
+                if q != rank {
+                    let p = scale(&piece_of(seg, k, piece), es);
+                    buf[p.clone()].copy_from_slice(&shm.slot(q, b)[q * piece * es..][..p.len()]);
+                }
+            }
+            self.moved(moved);
+            moved = 0;
+        }
+        self.shm_round += rounds;
+        Ok(())
+    }
+
+    /// Ring reduce-scatter phase: after it, rank `r` holds the fully combined
+    /// segment `(r + 1 + offset) % N` (not yet finished).
+    fn ring_reduce_scatter_phase(
+        &mut self,
+        buf: &mut [u8],
+        segs: &[Range<usize>],
+        offset: usize,
+        red: Reduction,
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
+        let (rank, n) = (self.rank(), self.world());
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        let es = red.dtype.size();
+        let combine = Combine::from(red.op);
+        let max_seg = segs.iter().map(|s| s.len() * es).max().unwrap_or(0);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        self.scratch = Vec::new();
+        let words = max_seg.div_ceil(8);
+        if scratch.len() < words {
+            scratch.resize(words, 0);
+        }
+        let scratch_bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch[..]);
+        let mut result = Ok(());
+        for s in 0..n - 1 {
+            let send_idx = (rank + offset + 2 * n - s) % n;
+            let recv_idx = (rank + offset + 2 * n - s - 1) % n;
+            let (send, dst) = disjoint(buf, scale(&segs[send_idx], es), scale(&segs[recv_idx], es));
+            let recv = &mut scratch_bytes[..dst.len()];
+            let mut done = 0usize;
+            let mut sent_total = 0usize;
+            let r = self.mesh.exchange(
+                Some((next, send)),
+                Some((prev, recv)),
+                clock,
+                |got, data| {
+                    let upto = got / es * es;
+                    if upto > done {
+                        combine_bytes(red.dtype, combine, &mut dst[done..upto], &data[done..upto]);
+                        done = upto;
+                    }
+                },
+                |sent| sent_total = sent,
+            );
+            self.moved(sent_total);
+            if let Err(e) = r {
+                result = Err(e);
+                break;
+            }
+        }
+        self.scratch = scratch;
+        result
+    }
+
+    /// Ring all-gather phase: rank `r` starts holding segment `(r + 1 + offset) % N`.
+    fn ring_all_gather_phase(
+        &mut self,
+        buf: &mut [u8],
+        segs: &[Range<usize>],
+        offset: usize,
+        es: usize,
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
+        let (rank, n) = (self.rank(), self.world());
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        for s in 0..n - 1 {
+            let send_idx = (rank + 1 + offset + 2 * n - s) % n;
+            let recv_idx = (rank + offset + 2 * n - s) % n;
+            let (send, dst) = disjoint(buf, scale(&segs[send_idx], es), scale(&segs[recv_idx], es));
+            let mut sent_total = 0;
+            let r = self.mesh.exchange(Some((next, send)), Some((prev, dst)), clock, |_, _| {}, |s| sent_total = s);
+            self.moved(sent_total);
+            r?;
+        }
+        Ok(())
+    }
+
+    fn ring_all_reduce(&mut self, buf: &mut [u8], red: Reduction, clock: &mut Clock) -> Result<(), CommError> {
+        let (rank, n, es) = (self.rank(), self.world(), red.dtype.size());
+        let segs = split(buf.len() / es, n);
+        self.ring_reduce_scatter_phase(buf, &segs, 0, red, clock)?;
+        let mine = scale(&segs[(rank + 1) % n], es);
+        finish(red.dtype, red.op, n, red.postscale, &mut buf[mine]);
+        self.ring_all_gather_phase(buf, &segs, 0, es, clock)
+    }
+
+    // ---- reduce-scatter ----------------------------------------------------------
+
+    /// Reduces `input` across ranks and leaves this rank's row segment in `out`.
+    /// `segs` are element ranges, one per rank.
+    pub fn reduce_scatter(
+        &mut self,
+        input: &mut [u8],
+        segs: &[Range<usize>],
+        out: &mut [u8],
+        red: Reduction,
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
+        let (rank, n, es) = (self.rank(), self.world(), red.dtype.size());
+        let r = if n == 1 {
+            out.copy_from_slice(input);
+            finish(red.dtype, red.op, 1, red.postscale, out);
+            Ok(())
+        } else if self.shm.is_some() {
+            self.shm_reduce_scatter(input, segs, out, red, clock)
+        } else {
+            // Offset n - 1: rank r ends holding segment r.
+            self.ring_reduce_scatter_phase(input, segs, n - 1, red, clock).map(|()| {
+                let mine = scale(&segs[rank], es);
+                out.copy_from_slice(&input[mine]);
+                finish(red.dtype, red.op, n, red.postscale, out);
+            })
+        };
+        r.inspect_err(|e| self.fail(e))
+    }
+
+    fn shm_reduce_scatter(
+        &mut self,
+        input: &[u8],
+        segs: &[Range<usize>],
+        out: &mut [u8],
+        red: Reduction,
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
+        let (rank, world, es) = (self.rank(), self.world(), red.dtype.size());
+        let shm = self.shm.as_mut().expect("shm transport");
+        let piece = (shm.chunk / world / es / 16 * 16).max(16);
+        let rounds = segs.iter().map(|s| s.len().div_ceil(piece)).max().unwrap_or(0);
+        let combine = Combine::from(red.op);
+        let base = segs[rank].start;
+        for k in 0..rounds {
+            let b = (self.shm_round + k) % 2;
+            let shm = self.shm.as_mut().expect("shm transport");
+            let mut moved = 0;
+            {
+                let slot = shm.slot(rank, b);
+                for (q, seg) in segs.iter().enumerate() {
+                    let p = scale(&piece_of(seg, k, piece), es);
+                    slot[q * piece * es..][..p.len()].copy_from_slice(&input[p.clone()]);
+                    moved += p.len();
+                }
+            }
+            shm.publish();
+            shm.wait_all(&self.mesh, clock)?;
+            let mine = piece_of(&segs[rank], k, piece);
+            if !mine.is_empty() {
+                let bytes = mine.len() * es;
+                let srcs: Vec<&[u8]> =
+                    (0..world).map(|q| &shm.slot(q, b)[rank * piece * es..][..bytes] as &[u8]).collect();
+                let dst = &mut out[(mine.start - base) * es..][..bytes];
+                combine_many(red.dtype, combine, dst, &srcs);
+                finish(red.dtype, red.op, world, red.postscale, dst);
+            }
+            self.moved(moved);
+        }
+        self.shm_round += rounds;
+        Ok(())
+    }
+
+    // ---- all-gather --------------------------------------------------------------
+
+    /// Gathers every rank's bytes (`counts[r]` bytes each) into `out` in rank order.
+    pub fn all_gather(&mut self, input: &[u8], counts: &[usize], out: &mut [u8], clock: &mut Clock) -> Result<(), CommError> {
+        let r = if self.world() == 1 {
+            out.copy_from_slice(input);
+            Ok(())
+        } else if self.shm.is_some() {
+            self.shm_all_gather(input, counts, out, clock)
+        } else {
+            let mut start = 0;
+            let segs: Vec<Range<usize>> = counts
+                .iter()
+                .map(|&c| {
+                    let r = start..start + c;
+                    start += c;
+                    r
+                })
+                .collect();
+            out[segs[self.rank()].clone()].copy_from_slice(input);
+            let n = self.world();
+            // Offset n - 1: rank r starts holding segment r.
+            self.ring_all_gather_phase(out, &segs, n - 1, 1, clock)
+        };
+        r.inspect_err(|e| self.fail(e))
+    }
+
+    fn shm_all_gather(&mut self, input: &[u8], counts: &[usize], out: &mut [u8], clock: &mut Clock) -> Result<(), CommError> {
+        let (rank, world) = (self.rank(), self.world());
+        let chunk = self.shm.as_ref().expect("shm transport").chunk;
+        let offsets: Vec<usize> = counts.iter().scan(0, |acc, &c| {
+            let o = *acc;
+            *acc += c;
+            Some(o)
+        }).collect();
+        let rounds = counts.iter().map(|c| c.div_ceil(chunk)).max().unwrap_or(0);
+        for k in 0..rounds {
+            let b = (self.shm_round + k) % 2;
+            let shm = self.shm.as_mut().expect("shm transport");
+            let mine = (k * chunk).min(input.len())..((k + 1) * chunk).min(input.len());
+            shm.slot(rank, b)[..mine.len()].copy_from_slice(&input[mine.clone()]);
+            shm.publish();
+            shm.wait_all(&self.mesh, clock)?;
+            for q in 0..world {
+                let part = (k * chunk).min(counts[q])..((k + 1) * chunk).min(counts[q]);
+                out[offsets[q] + part.start..offsets[q] + part.end].copy_from_slice(&shm.slot(q, b)[..part.len()]);
+            }
+            self.moved(mine.len());
+        }
+        self.shm_round += rounds;
+        Ok(())
+    }
+
+    // ---- broadcast ---------------------------------------------------------------
+
+    pub fn broadcast(&mut self, buf: &mut [u8], root: usize, clock: &mut Clock) -> Result<(), CommError> {
+        let r = if self.world() == 1 {
+            Ok(())
+        } else if self.shm.is_some() {
+            self.shm_broadcast(buf, root, clock)
+        } else {
+            self.chain_broadcast(buf, root, clock)
+        };
+        r.inspect_err(|e| self.fail(e))
+    }
+
+    fn shm_broadcast(&mut self, buf: &mut [u8], root: usize, clock: &mut Clock) -> Result<(), CommError> {
+        let rank = self.rank();
+        let chunk = self.shm.as_ref().expect("shm transport").chunk;
+        let rounds = buf.len().div_ceil(chunk);
+        for k in 0..rounds {
+            let b = (self.shm_round + k) % 2;
+            let part = k * chunk..((k + 1) * chunk).min(buf.len());
+            let shm = self.shm.as_mut().expect("shm transport");
+            if rank == root {
+                shm.slot(root, b)[..part.len()].copy_from_slice(&buf[part.clone()]);
+            }
+            shm.publish();
+            shm.wait_all(&self.mesh, clock)?;
+            if rank != root {
+                buf[part.clone()].copy_from_slice(&shm.slot(root, b)[..part.len()]);
+            }
+            self.moved(part.len());
+        }
+        self.shm_round += rounds;
+        Ok(())
+    }
+
+    /// Pipelined chain root -> root+1 -> ... in 1 MiB chunks.
+    fn chain_broadcast(&mut self, buf: &mut [u8], root: usize, clock: &mut Clock) -> Result<(), CommError> {
+        const CHUNK: usize = 1 << 20;
+        let (rank, n) = (self.rank(), self.world());
+        let pos = (rank + n - root) % n;
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        let chunks = buf.len().div_ceil(CHUNK).max(1);
+        let len = buf.len();
+        let range = |i: usize| (i * CHUNK).min(len)..((i + 1) * CHUNK).min(len);
+        // Step i receives chunk i and forwards chunk i - 1.
+        for i in 0..=chunks {
+            let send = (pos + 1 < n && i >= 1).then(|| range(i - 1));
+            let recv = (pos > 0 && i < chunks).then(|| range(i));
+            let mut sent_total = 0;
+            let r = match (send, recv) {
+                (Some(s), Some(r)) => {
+                    let (s, r) = disjoint(buf, s, r);
+                    self.mesh.exchange(Some((next, s)), Some((prev, r)), clock, |_, _| {}, |x| sent_total = x)
+                }
+                (Some(s), None) => self.mesh.exchange(Some((next, &buf[s])), None, clock, |_, _| {}, |x| sent_total = x),
+                (None, Some(r)) => self.mesh.exchange(None, Some((prev, &mut buf[r])), clock, |_, _| {}, |_| {}),
+                (None, None) => Ok(()),
+            };
+            self.moved(sent_total);
+            r?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_is_even_and_covers() {
+        assert_eq!(split(10, 3), vec![0..4, 4..7, 7..10]);
+        assert_eq!(split(2, 4), vec![0..1, 1..2, 2..2, 2..2]);
+        assert_eq!(split(0, 2), vec![0..0, 0..0]);
+    }
+
+    #[test]
+    fn pieces_cover_a_segment() {
+        let seg = 5..23;
+        let pieces: Vec<_> = (0..4).map(|k| piece_of(&seg, k, 5)).collect();
+        assert_eq!(pieces, vec![5..10, 10..15, 15..20, 20..23]);
+        assert!(piece_of(&seg, 4, 5).is_empty());
+    }
+}

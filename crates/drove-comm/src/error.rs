@@ -1,0 +1,77 @@
+//! Errors of the collectives. Each names the op and, where other ranks are at
+//! fault, which ones.
+
+use std::time::Duration;
+
+/// An op that failed, or a communicator that could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    /// Ranks called the op with different arguments; no data moved and the
+    /// communicator is still usable.
+    #[error("{op}: ranks disagree on {field}: {values}")]
+    Mismatch {
+        /// The op, e.g. `all_reduce "grad.0"`.
+        op: String,
+        /// The field that differs (`shape`, `dtype`, `root`, ...).
+        field: &'static str,
+        /// Each value with the ranks that gave it.
+        values: String,
+    },
+    /// The arguments are wrong on this rank alone.
+    #[error("{op}: {message}")]
+    Invalid {
+        /// The op.
+        op: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Peers closed their connections (died) during the op.
+    #[error("{op}: lost rank(s) {ranks:?}: {detail}")]
+    PeerLost {
+        /// The op.
+        op: String,
+        /// The ranks that are gone.
+        ranks: Vec<usize>,
+        /// What was seen.
+        detail: String,
+    },
+    /// Peers did not answer before the deadline.
+    #[error("{op}: timed out after {after:.1?} waiting for rank(s) {ranks:?}")]
+    Timeout {
+        /// The op.
+        op: String,
+        /// The ranks waited for.
+        ranks: Vec<usize>,
+        /// The deadline that passed.
+        after: Duration,
+    },
+    /// An earlier failure left the communicator unusable.
+    #[error("communicator unusable after an earlier failure: {cause}")]
+    Broken {
+        /// The earlier failure.
+        cause: String,
+    },
+    /// A system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Ranks could not find each other.
+    #[error("rendezvous: {0}")]
+    Rendezvous(String),
+}
+
+impl CommError {
+    /// Whether the communicator can still be used after this error (the ranks
+    /// disagreed before any data moved, or the arguments were wrong locally).
+    pub fn is_recoverable(&self) -> bool {
+        matches!(self, CommError::Mismatch { .. } | CommError::Invalid { .. })
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        CommError::Io { context: context.into(), source }
+    }
+}

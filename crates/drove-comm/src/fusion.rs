@@ -1,0 +1,116 @@
+//! Gradient helpers: many small tensors fused into buckets before the all-reduce,
+//! and optional half-precision compression on the wire.
+
+use half::{bf16, f16};
+
+use crate::comm::{Collective, ReduceOptions};
+use crate::dtype::{Buffer, DType};
+use crate::error::CommError;
+
+/// Default bucket size (Horovod's fusion threshold).
+pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
+
+/// What travels on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// f32 as it is.
+    #[default]
+    None,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+/// Fusion settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusionOptions {
+    /// Largest bucket in bytes (of f32 data); 0 turns fusion off.
+    pub threshold_bytes: usize,
+    /// Wire format.
+    pub compression: Compression,
+}
+
+impl Default for FusionOptions {
+    fn default() -> Self {
+        FusionOptions { threshold_bytes: DEFAULT_FUSION_BYTES, compression: Compression::None }
+    }
+}
+
+/// Groups tensor indices into buckets of at most `threshold` bytes, in order; a
+/// tensor larger than the threshold gets a bucket of its own.
+pub fn buckets(sizes_bytes: &[usize], threshold: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut current = Vec::new();
+    let mut bytes = 0;
+    for (i, &size) in sizes_bytes.iter().enumerate() {
+        if !current.is_empty() && (threshold == 0 || bytes + size > threshold) {
+            out.push(std::mem::take(&mut current));
+            bytes = 0;
+        }
+        current.push(i);
+        bytes += size;
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// All-reduces every tensor of `tensors` in place (f32 gradients), fusing them
+/// into buckets of at most `fusion.threshold_bytes` and compressing the wire
+/// format if asked. Ranks must pass tensors of the same sizes in the same order.
+pub fn all_reduce_fused<C: Collective + ?Sized>(
+    comm: &C,
+    name: &str,
+    tensors: &mut [&mut [f32]],
+    opts: ReduceOptions,
+    fusion: FusionOptions,
+) -> Result<(), CommError> {
+    let sizes: Vec<usize> = tensors.iter().map(|t| t.len() * 4).collect();
+    for (b, bucket) in buckets(&sizes, fusion.threshold_bytes).into_iter().enumerate() {
+        let total: usize = bucket.iter().map(|&i| tensors[i].len()).sum();
+        let mut packed = match fusion.compression {
+            Compression::None => Buffer::zeros(DType::F32, total),
+            Compression::F16 => Buffer::zeros(DType::F16, total),
+            Compression::BF16 => Buffer::zeros(DType::BF16, total),
+        };
+        let mut offset = 0;
+        for &i in &bucket {
+            let t = &tensors[i];
+            match &mut packed {
+                Buffer::F32(p) => p[offset..offset + t.len()].copy_from_slice(t),
+                Buffer::F16(p) => p[offset..offset + t.len()].iter_mut().zip(t.iter()).for_each(|(d, &s)| *d = f16::from_f32(s)),
+                Buffer::BF16(p) => p[offset..offset + t.len()].iter_mut().zip(t.iter()).for_each(|(d, &s)| *d = bf16::from_f32(s)),
+                _ => unreachable!("packed buffers are f32, f16 or bf16"),
+            }
+            offset += t.len();
+        }
+        comm.all_reduce(&format!("{name}.bucket{b}"), &[total], packed.as_mut(), opts)?;
+        let mut offset = 0;
+        for &i in &bucket {
+            let t = &mut tensors[i];
+            match &packed {
+                Buffer::F32(p) => t.copy_from_slice(&p[offset..offset + t.len()]),
+                Buffer::F16(p) => t.iter_mut().zip(&p[offset..]).for_each(|(d, s)| *d = s.to_f32()),
+                Buffer::BF16(p) => t.iter_mut().zip(&p[offset..]).for_each(|(d, s)| *d = s.to_f32()),
+                _ => unreachable!("packed buffers are f32, f16 or bf16"),
+            }
+            offset += t.len();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_respect_the_threshold_and_order() {
+        assert_eq!(buckets(&[10, 10, 10, 50, 5], 25), vec![vec![0, 1], vec![2], vec![3], vec![4]]);
+        assert_eq!(buckets(&[10, 10], 0), vec![vec![0], vec![1]]);
+        assert_eq!(buckets(&[10, 10, 10], 1 << 20), vec![vec![0, 1, 2]]);
+        assert!(buckets(&[], 10).is_empty());
+    }
+}

@@ -1,0 +1,52 @@
+//! # drove-comm: collectives that check their arguments and never hang
+//!
+//! The data plane of a data-parallel job: one trait, [`Collective`], with
+//! all-reduce (sum, average, min, max, product, with pre- and post-scaling),
+//! broadcast from any root, all-gather with per-rank first dimensions,
+//! reduce-scatter and barrier, for f32, f64, f16, bf16, i32 and i64. A trainer
+//! talks to its transport only through this trait; this crate knows nothing of
+//! models.
+//!
+//! The CPU backend, [`Communicator`], connects every pair of ranks over TCP. When
+//! all ranks share a host it moves data through a shared-memory region (chunks
+//! staged, reduced by their owner and copied back, double-buffered) which is
+//! what beats a socket-based ring on one machine; across hosts it runs a ring
+//! reduce-scatter + all-gather over TCP whose sends, receives and reductions
+//! overlap. Two decisions shape it:
+//!
+//! - **Agreement before data.** Every op starts with every rank sending its
+//!   description (name, dtype, shape, op, scale factors, root) to every other. All
+//!   ranks check the same list, so they all fail together, with the same message
+//!   naming the field and the ranks; no data has moved and the next op works.
+//! - **Deadlines everywhere.** Every wait watches all peer connections: a rank
+//!   that dies is named as soon as its sockets close; one that stalls is named
+//!   in a warning, then in an error when the deadline (30 s by default) passes.
+//!
+//! ```no_run
+//! use drove_comm::{Collective, Communicator, ReduceOptions, Element};
+//!
+//! // DROVE_RANK, DROVE_WORLD_SIZE and DROVE_PEERS (or DROVE_RENDEZVOUS_DIR) set by the launcher.
+//! let comm = Communicator::from_env()?;
+//! let mut grad = vec![comm.rank() as f32; 1024];
+//! comm.all_reduce("grad", &[1024], f32::tensor_mut(&mut grad), ReduceOptions::average())?;
+//! # Ok::<(), drove_comm::CommError>(())
+//! ```
+#![deny(missing_docs)]
+
+mod comm;
+mod desc;
+mod dtype;
+mod engine;
+mod error;
+pub mod fusion;
+mod mesh;
+mod rendezvous;
+mod shm;
+
+pub use comm::{
+    CommOptions, Collective, Communicator, Gathered, Pending, ReduceOptions, SingleProcess, Transport,
+};
+pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
+pub use error::CommError;
+pub use half::{bf16, f16};
+pub use rendezvous::{FileRendezvous, Rendezvous, StaticRendezvous};

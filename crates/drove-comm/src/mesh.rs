@@ -1,0 +1,425 @@
+//! A full mesh of TCP connections between the ranks, non-blocking, with one
+//! waiting primitive that watches every peer for hang-ups while it waits for the
+//! ones it needs, so a dead rank is named as soon as the kernel notices, and a
+//! silent one when the deadline passes.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use crate::error::CommError;
+
+const MAGIC: u64 = 0x6472_6f76_6532_0001; // "drove2" + protocol version 1
+
+/// Deadline, stall warning and the op they belong to.
+#[derive(Clone, Debug)]
+pub(crate) struct Clock {
+    pub op: String,
+    pub start: Instant,
+    pub timeout: Duration,
+    pub warn_after: Duration,
+    pub warned: bool,
+}
+
+impl Clock {
+    pub fn new(op: String, timeout: Duration, warn_after: Duration) -> Self {
+        Clock { op, start: Instant::now(), timeout, warn_after, warned: false }
+    }
+
+    /// Errors if the deadline passed; warns once after `warn_after`.
+    pub fn check(&mut self, waiting_for: &[usize]) -> Result<(), CommError> {
+        let elapsed = self.start.elapsed();
+        if elapsed >= self.timeout {
+            return Err(CommError::Timeout { op: self.op.clone(), ranks: waiting_for.to_vec(), after: self.timeout });
+        }
+        if !self.warned && elapsed >= self.warn_after {
+            self.warned = true;
+            tracing::warn!(
+                op = %self.op,
+                ranks = ?waiting_for,
+                "stalled for {:.1?}: still waiting for rank(s) {:?} (failing after {:.1?})",
+                elapsed, waiting_for, self.timeout
+            );
+        }
+        Ok(())
+    }
+
+    /// How long one poll may block: until the next warning or the deadline, at most 1 s.
+    pub fn slice(&self) -> Duration {
+        let elapsed = self.start.elapsed();
+        let next = if !self.warned && elapsed < self.warn_after { self.warn_after } else { self.timeout };
+        next.saturating_sub(elapsed).min(Duration::from_secs(1)).max(Duration::from_millis(1))
+    }
+}
+
+/// Connections to every other rank.
+pub(crate) struct Mesh {
+    pub rank: usize,
+    pub world: usize,
+    peers: Vec<Option<TcpStream>>,
+    /// Boot id of each rank's kernel: equal ids share a host.
+    pub boot_ids: Vec<String>,
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+fn tune(stream: &TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let sock = socket2::SockRef::from(stream);
+    let _ = sock.set_send_buffer_size(4 << 20);
+    let _ = sock.set_recv_buffer_size(4 << 20);
+    Ok(())
+}
+
+fn write_hello(stream: &mut TcpStream, rank: usize, world: usize, boot: &str) -> std::io::Result<()> {
+    let mut b = Vec::with_capacity(64);
+    b.extend_from_slice(&MAGIC.to_le_bytes());
+    b.extend_from_slice(&(rank as u32).to_le_bytes());
+    b.extend_from_slice(&(world as u32).to_le_bytes());
+    b.extend_from_slice(&(boot.len() as u32).to_le_bytes());
+    b.extend_from_slice(boot.as_bytes());
+    stream.write_all(&b)
+}
+
+fn read_hello(stream: &mut TcpStream) -> std::io::Result<(u64, usize, usize, String)> {
+    let mut head = [0u8; 20];
+    stream.read_exact(&mut head)?;
+    let magic = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let rank = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
+    let world = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes")) as usize;
+    let len = u32::from_le_bytes(head[16..20].try_into().expect("4 bytes")) as usize;
+    let mut boot = vec![0u8; len.min(256)];
+    stream.read_exact(&mut boot)?;
+    Ok((magic, rank, world, String::from_utf8_lossy(&boot).into_owned()))
+}
+
+impl Mesh {
+    /// Connects to every peer: rank `i` dials every lower rank and accepts every
+    /// higher one. Everything happens before `deadline`.
+    pub fn connect(
+        rank: usize,
+        world: usize,
+        listener: &TcpListener,
+        addrs: &[SocketAddr],
+        deadline: Instant,
+    ) -> Result<Mesh, CommError> {
+        let boot = boot_id();
+        let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+        let mut boot_ids = vec![String::new(); world];
+        boot_ids[rank] = boot.clone();
+        let timeout_err = |what: String| CommError::Rendezvous(format!("rank {rank}: {what}"));
+        // Dial lower ranks, retrying until they listen.
+        for (peer, addr) in addrs.iter().enumerate().take(rank) {
+            let mut backoff = Duration::from_millis(5);
+            let mut stream = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(timeout_err(format!("could not connect to rank {peer} at {addr} in time")));
+                }
+                match TcpStream::connect_timeout(addr, left.min(Duration::from_secs(2))) {
+                    Ok(s) => break s,
+                    Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::TimedOut) => {
+                        // The peer is not listening yet: back off, bounded by the deadline.
+                        std::thread::sleep(backoff.min(left));
+                        backoff = (backoff * 2).min(Duration::from_millis(200));
+                    }
+                    Err(e) => return Err(CommError::io(format!("connecting to rank {peer} at {addr}"), e)),
+                }
+            };
+            tune(&stream).map_err(|e| CommError::io("configuring a socket", e))?;
+            stream
+                .set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))))
+                .map_err(|e| CommError::io("configuring a socket", e))?;
+            write_hello(&mut stream, rank, world, &boot).map_err(|e| CommError::io(format!("greeting rank {peer}"), e))?;
+            let (magic, their_rank, their_world, their_boot) =
+                read_hello(&mut stream).map_err(|e| CommError::io(format!("reading rank {peer}'s greeting"), e))?;
+            if magic != MAGIC || their_rank != peer || their_world != world {
+                return Err(timeout_err(format!(
+                    "{addr} answered as rank {their_rank} of {their_world} (protocol {magic:#x}), expected rank {peer} of {world}"
+                )));
+            }
+            boot_ids[peer] = their_boot;
+            peers[peer] = Some(stream);
+        }
+        // Accept higher ranks.
+        listener.set_nonblocking(true).map_err(|e| CommError::io("configuring the listener", e))?;
+        let mut missing: Vec<usize> = (rank + 1..world).collect();
+        while !missing.is_empty() {
+            match listener.accept() {
+                Ok((mut stream, from)) => {
+                    stream.set_nonblocking(false).map_err(|e| CommError::io("configuring a socket", e))?;
+                    tune(&stream).map_err(|e| CommError::io("configuring a socket", e))?;
+                    stream
+                        .set_read_timeout(Some(
+                            deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+                        ))
+                        .map_err(|e| CommError::io("configuring a socket", e))?;
+                    let Ok((magic, their_rank, their_world, their_boot)) = read_hello(&mut stream) else {
+                        tracing::warn!(%from, "ignoring a connection that sent no valid greeting");
+                        continue;
+                    };
+                    if magic != MAGIC || their_world != world || !missing.contains(&their_rank) {
+                        tracing::warn!(%from, their_rank, their_world, "ignoring an unexpected connection");
+                        continue;
+                    }
+                    write_hello(&mut stream, rank, world, &boot)
+                        .map_err(|e| CommError::io(format!("greeting rank {their_rank}"), e))?;
+                    missing.retain(|&r| r != their_rank);
+                    boot_ids[their_rank] = their_boot;
+                    peers[their_rank] = Some(stream);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(timeout_err(format!("rank(s) {missing:?} never connected")));
+                    }
+                    poll_one(listener.as_raw_fd(), libc::POLLIN, left.min(Duration::from_millis(100)));
+                }
+                Err(e) => return Err(CommError::io("accepting a connection", e)),
+            }
+        }
+        for s in peers.iter().flatten() {
+            s.set_read_timeout(None).map_err(|e| CommError::io("configuring a socket", e))?;
+            s.set_nonblocking(true).map_err(|e| CommError::io("configuring a socket", e))?;
+        }
+        Ok(Mesh { rank, world, peers, boot_ids })
+    }
+
+    fn stream(&mut self, peer: usize) -> &mut TcpStream {
+        self.peers[peer].as_mut().expect("a connection to every other rank")
+    }
+
+    /// Waits until one of `want` (peer, POLLIN/POLLOUT) is ready, watching all
+    /// peers for hang-ups. Errors name dead peers, or the awaited ones on timeout.
+    pub fn wait(&self, want: &[(usize, i16)], clock: &mut Clock) -> Result<(), CommError> {
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.world);
+        let mut who: Vec<usize> = Vec::with_capacity(self.world);
+        for (peer, s) in self.peers.iter().enumerate() {
+            let Some(s) = s else { continue };
+            let mut events = libc::POLLRDHUP;
+            for &(p, e) in want {
+                if p == peer {
+                    events |= e;
+                }
+            }
+            fds.push(libc::pollfd { fd: s.as_raw_fd(), events, revents: 0 });
+            who.push(peer);
+        }
+        let waiting: Vec<usize> = want.iter().map(|&(p, _)| p).collect();
+        loop {
+            clock.check(&waiting)?;
+            let ms = clock.slice().as_millis().clamp(1, 1000) as i32;
+            // SAFETY: `fds` is a valid, initialised array of pollfd for its length.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(CommError::io("poll", e));
+            }
+            if n == 0 {
+                continue;
+            }
+            let mut dead = Vec::new();
+            let mut ready = false;
+            for (fd, &peer) in fds.iter().zip(&who) {
+                let awaited = want.iter().any(|&(p, e)| p == peer && fd.revents & e != 0);
+                if awaited {
+                    ready = true; // data first: a hang-up after the last bytes is read later
+                } else if fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
+                    dead.push(peer);
+                }
+            }
+            if !dead.is_empty() {
+                return Err(CommError::PeerLost {
+                    op: clock.op.clone(),
+                    ranks: dead,
+                    detail: "connection closed (the process exited or was killed)".into(),
+                });
+            }
+            if ready {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Checks, without blocking, that no peer has hung up.
+    pub fn check_alive(&self, clock: &Clock) -> Result<(), CommError> {
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        let mut who = Vec::new();
+        for (peer, s) in self.peers.iter().enumerate() {
+            if let Some(s) = s {
+                fds.push(libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 });
+                who.push(peer);
+            }
+        }
+        // SAFETY: as in `wait`.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        if n > 0 {
+            let dead: Vec<usize> = fds
+                .iter()
+                .zip(&who)
+                .filter(|(fd, _)| fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
+                .map(|(_, &p)| p)
+                .collect();
+            if !dead.is_empty() {
+                return Err(CommError::PeerLost {
+                    op: clock.op.clone(),
+                    ranks: dead,
+                    detail: "connection closed (the process exited or was killed)".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn lost(&self, clock: &Clock, peer: usize, what: &str) -> CommError {
+        CommError::PeerLost { op: clock.op.clone(), ranks: vec![peer], detail: what.to_string() }
+    }
+
+    /// Writes as much of `data` as the socket takes now; returns the count.
+    pub fn try_send(&mut self, peer: usize, data: &[u8], clock: &Clock) -> Result<usize, CommError> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        match self.stream(peer).write(data) {
+            Ok(n) => Ok(n),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(0),
+            Err(e) => Err(self.lost(clock, peer, &format!("send failed: {e}"))),
+        }
+    }
+
+    /// Reads what is available into `buf`; returns the count (0 if nothing yet).
+    pub fn try_recv(&mut self, peer: usize, buf: &mut [u8], clock: &Clock) -> Result<usize, CommError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        match self.stream(peer).read(buf) {
+            Ok(0) => Err(self.lost(clock, peer, "connection closed (the process exited or was killed)")),
+            Ok(n) => Ok(n),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(0),
+            Err(e) => Err(self.lost(clock, peer, &format!("receive failed: {e}"))),
+        }
+    }
+
+    /// Sends `send` to one peer while receiving exactly `recv.len()` bytes from
+    /// another (possibly the same), calling `on_recv(total_received)` as bytes
+    /// arrive. `send_hook(sent)` sees progress of the send.
+    pub fn exchange(
+        &mut self,
+        send: Option<(usize, &[u8])>,
+        recv: Option<(usize, &mut [u8])>,
+        clock: &mut Clock,
+        mut on_recv: impl FnMut(usize, &[u8]),
+        mut send_hook: impl FnMut(usize),
+    ) -> Result<(), CommError> {
+        const MAX_READ: usize = 256 << 10;
+        let (to, out) = send.unwrap_or((usize::MAX, &[]));
+        let (from, inp) = match recv {
+            Some((p, b)) => (p, b),
+            None => (usize::MAX, &mut [][..]),
+        };
+        let (mut sent, mut got) = (0usize, 0usize);
+        while sent < out.len() || got < inp.len() {
+            let mut progressed = false;
+            if sent < out.len() {
+                let n = self.try_send(to, &out[sent..], clock)?;
+                if n > 0 {
+                    sent += n;
+                    send_hook(sent);
+                    progressed = true;
+                }
+            }
+            if got < inp.len() {
+                let end = (got + MAX_READ).min(inp.len());
+                let n = self.try_recv(from, &mut inp[got..end], clock)?;
+                if n > 0 {
+                    got += n;
+                    on_recv(got, inp);
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                let mut want = Vec::with_capacity(2);
+                if sent < out.len() {
+                    want.push((to, libc::POLLOUT));
+                }
+                if got < inp.len() {
+                    want.push((from, libc::POLLIN));
+                }
+                self.wait(&want, clock)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `frame` to every peer and receives one length-prefixed frame from
+    /// every peer; returns the bodies by rank (empty for self).
+    pub fn all_to_all_frames(&mut self, frame: &[u8], clock: &mut Clock) -> Result<Vec<Vec<u8>>, CommError> {
+        let world = self.world;
+        let me = self.rank;
+        let mut sent = vec![0usize; world];
+        let mut heads = vec![[0u8; 4]; world];
+        let mut head_got = vec![0usize; world];
+        let mut bodies: Vec<Vec<u8>> = vec![Vec::new(); world];
+        let mut body_got = vec![0usize; world];
+        let mut body_len: Vec<Option<usize>> = vec![None; world];
+        body_len[me] = Some(0);
+        sent[me] = frame.len();
+        loop {
+            let mut progressed = false;
+            let mut want = Vec::new();
+            for p in (0..world).filter(|&p| p != me) {
+                if sent[p] < frame.len() {
+                    let n = self.try_send(p, &frame[sent[p]..], clock)?;
+                    sent[p] += n;
+                    progressed |= n > 0;
+                    if sent[p] < frame.len() {
+                        want.push((p, libc::POLLOUT));
+                    }
+                }
+                if body_len[p].is_none() {
+                    let n = self.try_recv(p, &mut heads[p][head_got[p]..], clock)?;
+                    head_got[p] += n;
+                    progressed |= n > 0;
+                    if head_got[p] == 4 {
+                        let len = u32::from_le_bytes(heads[p]) as usize;
+                        if len > 1 << 20 {
+                            return Err(self.lost(clock, p, &format!("sent a malformed op header ({len} bytes)")));
+                        }
+                        body_len[p] = Some(len);
+                        bodies[p] = vec![0u8; len];
+                    }
+                }
+                if let Some(len) = body_len[p] {
+                    if body_got[p] < len {
+                        let n = self.try_recv(p, &mut bodies[p][body_got[p]..], clock)?;
+                        body_got[p] += n;
+                        progressed |= n > 0;
+                    }
+                }
+                if body_len[p].is_none_or(|len| body_got[p] < len) {
+                    want.push((p, libc::POLLIN));
+                }
+            }
+            if want.is_empty() {
+                return Ok(bodies);
+            }
+            if !progressed {
+                self.wait(&want, clock)?;
+            }
+        }
+    }
+}
+
+fn poll_one(fd: i32, events: i16, timeout: Duration) {
+    let mut p = libc::pollfd { fd, events, revents: 0 };
+    // SAFETY: one valid pollfd.
+    unsafe {
+        libc::poll(&mut p, 1, timeout.as_millis().clamp(1, 1000) as i32);
+    }
+}
