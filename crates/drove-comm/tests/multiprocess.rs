@@ -1,0 +1,165 @@
+//! Real processes on 127.0.0.1: 2, 3 and 4 ranks of `drove-comm-worker`, over
+//! shared memory and over the TCP ring.
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct World {
+    outputs: Vec<Output>,
+    results: Vec<Option<Value>>,
+    elapsed: Duration,
+}
+
+/// Runs `n` ranks of the worker; kills them all if they outlive `limit`.
+fn run_world(n: usize, transport: &str, args: &[&str], timeout_s: &str, limit: Duration) -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let children: Vec<Child> = (0..n)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_drove-comm-worker"))
+                .args(args)
+                .env("DROVE_RANK", rank.to_string())
+                .env("DROVE_WORLD_SIZE", n.to_string())
+                .env("DROVE_RENDEZVOUS_DIR", dir.path())
+                .env("DROVE_COMM_TRANSPORT", transport)
+                .env("DROVE_COMM_TIMEOUT", timeout_s)
+                .env_remove("RUST_LOG")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawning drove-comm-worker")
+        })
+        .collect();
+    let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    let (tx, rx) = mpsc::channel();
+    for (rank, child) in children.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((rank, child.wait_with_output()));
+        });
+    }
+    drop(tx);
+    let mut outputs: Vec<Option<Output>> = (0..n).map(|_| None).collect();
+    for _ in 0..n {
+        let left = limit.saturating_sub(start.elapsed());
+        match rx.recv_timeout(left) {
+            Ok((rank, out)) => outputs[rank] = Some(out.expect("waiting for a worker")),
+            Err(_) => {
+                for pid in &pids {
+                    // SAFETY: signalling our own children.
+                    unsafe {
+                        libc::kill(*pid as i32, libc::SIGKILL);
+                    }
+                }
+                panic!("ranks still running after {limit:?}: {transport} {args:?}");
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    let outputs: Vec<Output> = outputs.into_iter().map(|o| o.expect("every rank reported")).collect();
+    let results = outputs.iter().map(|o| serde_json::from_slice::<Value>(&o.stdout).ok()).collect();
+    World { outputs, results, elapsed }
+}
+
+fn describe(w: &World) -> String {
+    w.outputs
+        .iter()
+        .enumerate()
+        .map(|(r, o)| {
+            format!(
+                "rank {r}: {:?}\n  stdout: {}\n  stderr: {}",
+                o.status,
+                String::from_utf8_lossy(&o.stdout).trim(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn all_succeeded(w: &World) -> Vec<Value> {
+    assert!(w.outputs.iter().all(|o| o.status.success()), "a rank failed:\n{}", describe(w));
+    w.results.iter().map(|r| r.clone().expect("JSON result")["result"].clone()).collect()
+}
+
+#[test]
+fn closed_form_results_for_every_dtype_op_and_dimension() {
+    for transport in ["auto", "tcp"] {
+        for n in [2, 3, 4] {
+            let w = run_world(n, transport, &["closed-form"], "30", Duration::from_secs(120));
+            for (rank, r) in all_succeeded(&w).iter().enumerate() {
+                let failures = r["failures"].as_array().unwrap();
+                assert!(failures.is_empty(), "{transport} n={n} rank {rank}: {failures:#?}");
+                assert!(r["checks"].as_u64().unwrap() >= 190, "{r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn disagreements_fail_on_every_rank_and_leave_the_communicator_usable() {
+    for transport in ["auto", "tcp"] {
+        for n in [2, 3, 4] {
+            let w = run_world(n, transport, &["errors"], "30", Duration::from_secs(60));
+            for (rank, r) in all_succeeded(&w).iter().enumerate() {
+                let errs = r["errors"].as_array().unwrap();
+                let field = |i: usize| errs[i]["field"].as_str().unwrap().to_string();
+                let msg = |i: usize| errs[i]["message"].as_str().unwrap().to_string();
+                assert!(errs.iter().all(|e| e["ok"] == false && e["recoverable"] == true), "rank {rank}: {errs:#?}");
+                assert_eq!(field(0), "shape", "{}", msg(0));
+                assert!(msg(0).contains("[17, 17, 17] on rank 0") && msg(0).contains("[18, 18, 18] on rank 1"), "{}", msg(0));
+                assert_eq!(field(1), "shape");
+                assert!(msg(1).contains("[17, 1311]") && msg(1).contains("[17, 23, 57] on rank"), "{}", msg(1));
+                assert_eq!(field(2), "dtype");
+                assert!(msg(2).contains("i32 on rank") && msg(2).contains("f32 on rank"), "{}", msg(2));
+                assert_eq!(field(3), "root");
+                assert!(msg(3).contains("root 0 on rank 0") && msg(3).contains("root 1 on rank 1"), "{}", msg(3));
+                assert_eq!(field(4), "invalid");
+                assert!(msg(4).contains(&format!("rank {}", n - 1)) && msg(4).contains("holds 6 elements"), "{}", msg(4));
+                assert!(msg(0).starts_with("all_reduce \"shapes\""), "{}", msg(0));
+                assert_eq!(r["usable_after"], serde_json::json!([true, true, true, true, true]), "rank {rank}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_allreduce_fails_the_others_within_the_deadline() {
+    for transport in ["auto", "tcp"] {
+        let deadline_s = 10;
+        // Rank 1 SIGKILLs itself after moving 32 MiB of a 256 MiB all-reduce.
+        let w = run_world(3, transport, &["kill", "1", &(32u64 << 20).to_string(), "256"], &deadline_s.to_string(), Duration::from_secs(60));
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(w.outputs[1].status.signal(), Some(libc::SIGKILL), "{transport}: victim\n{}", describe(&w));
+        for rank in [0, 2] {
+            assert!(w.outputs[rank].status.success(), "{transport}: rank {rank}\n{}", describe(&w));
+            let r = &w.results[rank].as_ref().expect("JSON")["result"];
+            let err = r["error"].as_str().unwrap_or_else(|| panic!("{transport}: rank {rank} saw no error: {r}"));
+            assert!(err.contains("all_reduce \"big\""), "{err}");
+            assert!(err.contains("[1]"), "{transport}: rank {rank} should name rank 1: {err}");
+            assert!(r["elapsed_ms"].as_u64().unwrap() < deadline_s * 1000, "{r}");
+        }
+        assert!(w.elapsed < Duration::from_secs(deadline_s + 20), "{:?}", w.elapsed);
+    }
+}
+
+#[test]
+fn fused_buckets_equal_the_unfused_result() {
+    for transport in ["auto", "tcp"] {
+        let w = run_world(3, transport, &["fusion"], "30", Duration::from_secs(120));
+        for r in all_succeeded(&w) {
+            assert_eq!(r["unfused_ok"], true);
+            assert_eq!(r["tensors"], 200);
+            let res = &r["results"];
+            for exact in ["fused_64mib", "fused_256kib", "unfused_0"] {
+                assert_eq!(res[exact]["ok"], true, "{exact}: {res}");
+                assert_eq!(res[exact]["max_abs_diff"].as_f64(), Some(0.0), "{exact}: {res}");
+            }
+            // Values up to 24 in half precision: within a rounding step.
+            assert!(res["fused_f16"]["max_abs_diff"].as_f64().unwrap() <= 0.02, "{res}");
+            assert!(res["fused_bf16"]["max_abs_diff"].as_f64().unwrap() <= 0.2, "{res}");
+        }
+    }
+}
