@@ -132,13 +132,13 @@ struct Iterations {
 }
 
 #[derive(Debug, Serialize)]
-struct Machine {
+pub(crate) struct Machine {
     nproc: Option<usize>,
     cpu_model: Option<String>,
 }
 
 impl Machine {
-    fn detect() -> Self {
+    pub(crate) fn detect() -> Self {
         let nproc = std::thread::available_parallelism().ok().map(|n| n.get());
         let cpu_model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|info| {
             info.lines()

@@ -10,6 +10,8 @@
 //!   agree: `p^2 + (1-p)^2` for independent masks, 1.0 under the bug.
 //! - `drove bench mask` measures the masker, collation and the loader pool in
 //!   tokens per second, next to copy and RNG baselines from the same run.
+//! - `drove bench allreduce` spawns N local ranks and measures all-reduce and
+//!   broadcast bandwidth per message size, beside a memory-copy baseline.
 //! - `drove seed` prints a stream key, its derived seed and the first outputs of
 //!   its stream, and replays a logged derived seed.
 //!
@@ -17,6 +19,7 @@
 //! filtered by `RUST_LOG` (default `warn`).
 
 mod bench;
+mod bench_comm;
 mod diag;
 mod seed;
 
@@ -62,6 +65,11 @@ enum DiagCommand {
 enum BenchCommand {
     /// Masking, collation and loader throughput in padded tokens per second.
     Mask(bench::MaskArgs),
+    /// All-reduce and broadcast bandwidth across N local rank processes.
+    Allreduce(bench_comm::AllreduceArgs),
+    /// One rank of `bench allreduce` (started by it).
+    #[command(hide = true)]
+    AllreduceWorker(bench_comm::WorkerArgs),
 }
 
 fn init_tracing() {
@@ -77,6 +85,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Diag { what: DiagCommand::Masks(args) } => diag::run(&args),
         Command::Bench { what: BenchCommand::Mask(args) } => bench::run(&args),
+        Command::Bench { what: BenchCommand::Allreduce(args) } => bench_comm::run(&args),
+        Command::Bench { what: BenchCommand::AllreduceWorker(args) } => bench_comm::worker(&args),
         Command::Seed(args) => seed::run(&args),
     }
 }

@@ -192,10 +192,10 @@ impl Collator {
         }
         let longest = examples.iter().map(|e| e.len()).max().unwrap_or(0);
         let width = self.width(longest);
-        if let Padding::Fixed(width) = self.padding {
-            if let Some((e, &sample)) = examples.iter().zip(indices).find(|(e, _)| e.len() > width) {
-                return Err(CollateError::TooLong { sample, len: e.len(), width });
-            }
+        if let Padding::Fixed(width) = self.padding
+            && let Some((e, &sample)) = examples.iter().zip(indices).find(|(e, _)| e.len() > width)
+        {
+            return Err(CollateError::TooLong { sample, len: e.len(), width });
         }
         let n = examples.len() * width;
         batch.batch_size = examples.len();

@@ -3,12 +3,13 @@
 //! its rank id, and broadcasts from rank 2.
 //!
 //! `cargo run -p drove-comm --example allreduce_threads [-- tcp]`
-use drove_comm::{CommOptions, Collective, Communicator, Element, FileRendezvous, ReduceOptions, Transport};
+use drove_comm::{Collective, CommOptions, Communicator, Element, FileRendezvous, ReduceOptions, Transport};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let world = 4;
     let dir = std::env::temp_dir().join(format!("drove-example-{}", std::process::id()));
-    let transport = if std::env::args().nth(1).as_deref() == Some("tcp") { Transport::Tcp } else { Transport::Auto };
+    let transport =
+        if std::env::args().nth(1).as_deref() == Some("tcp") { Transport::Tcp } else { Transport::Auto };
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let dir = dir.clone();

@@ -1,14 +1,14 @@
 //! The `Collective` trait and the CPU communicator that implements it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::desc::{OpDesc, OpKind};
-use crate::dtype::{scale_bytes, Buffer, DType, ReduceOp, TensorMut, TensorRef};
-use crate::engine::{split, Engine, Reduction};
+use crate::dtype::{Buffer, DType, ReduceOp, TensorMut, TensorRef, scale_bytes};
+use crate::engine::{Engine, Reduction, split};
 use crate::error::CommError;
 use crate::mesh::{Clock, Mesh};
 use crate::rendezvous::{FileRendezvous, Rendezvous, StaticRendezvous};
@@ -114,9 +114,21 @@ pub trait Collective: Send + Sync {
     /// Number of ranks.
     fn world_size(&self) -> usize;
     /// In-place all-reduce.
-    fn all_reduce(&self, name: &str, shape: &[usize], data: TensorMut<'_>, opts: ReduceOptions) -> Result<(), CommError>;
+    fn all_reduce(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorMut<'_>,
+        opts: ReduceOptions,
+    ) -> Result<(), CommError>;
     /// In-place broadcast from `root`; the root's tensor is not modified.
-    fn broadcast(&self, name: &str, shape: &[usize], data: TensorMut<'_>, root: usize) -> Result<(), CommError>;
+    fn broadcast(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorMut<'_>,
+        root: usize,
+    ) -> Result<(), CommError>;
     /// Gathers every rank's tensor; first dimensions may differ, the rest must agree.
     fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError>;
     /// Reduces across ranks and returns this rank's slice of the first dimension
@@ -132,7 +144,13 @@ pub trait Collective: Send + Sync {
     fn barrier(&self, name: &str) -> Result<(), CommError>;
 
     /// All-reduce of an owned buffer, returning at once; the default runs it now.
-    fn all_reduce_async(&self, name: &str, shape: &[usize], mut data: Buffer, opts: ReduceOptions) -> Pending<Buffer> {
+    fn all_reduce_async(
+        &self,
+        name: &str,
+        shape: &[usize],
+        mut data: Buffer,
+        opts: ReduceOptions,
+    ) -> Pending<Buffer> {
         Pending::ready(self.all_reduce(name, shape, data.as_mut(), opts).map(|()| data))
     }
 
@@ -207,7 +225,9 @@ impl CommOptions {
                     .ok()
                     .filter(|s| s.is_finite() && *s > 0.0)
                     .map(|s| Some(Duration::from_secs_f64(s)))
-                    .ok_or_else(|| CommError::Rendezvous(format!("{name}={v:?} is not a positive number of seconds"))),
+                    .ok_or_else(|| {
+                        CommError::Rendezvous(format!("{name}={v:?} is not a positive number of seconds"))
+                    }),
                 Err(_) => Ok(None),
             }
         };
@@ -297,7 +317,10 @@ fn scale_problem(dtype: DType, opts: &ReduceOptions) -> Option<String> {
         ));
     }
     if !opts.prescale.is_finite() || !opts.postscale.is_finite() {
-        return Some(format!("scale factors must be finite (prescale {}, postscale {})", opts.prescale, opts.postscale));
+        return Some(format!(
+            "scale factors must be finite (prescale {}, postscale {})",
+            opts.prescale, opts.postscale
+        ));
     }
     None
 }
@@ -323,8 +346,8 @@ impl Communicator {
         let (rank, world) = (rendezvous.rank(), rendezvous.world_size());
         let deadline = Instant::now() + opts.connect_timeout;
         let bind = rendezvous.bind_addr();
-        let listener =
-            std::net::TcpListener::bind(bind).map_err(|e| CommError::io(format!("rank {rank}: binding {bind}"), e))?;
+        let listener = std::net::TcpListener::bind(bind)
+            .map_err(|e| CommError::io(format!("rank {rank}: binding {bind}"), e))?;
         let local = listener.local_addr().map_err(|e| CommError::io("reading the listener's address", e))?;
         let addrs = rendezvous.exchange(local, deadline)?;
         if addrs.len() != world {
@@ -379,7 +402,9 @@ impl Communicator {
     fn submit(&self, job: Job) -> Result<(), CommError> {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         match jobs.as_ref() {
-            Some(tx) => tx.send(job).map_err(|_| CommError::Broken { cause: "the communicator thread stopped".into() }),
+            Some(tx) => tx
+                .send(job)
+                .map_err(|_| CommError::Broken { cause: "the communicator thread stopped".into() }),
             None => Err(CommError::Broken { cause: "the communicator is shutting down".into() }),
         }
     }
@@ -396,7 +421,8 @@ impl Communicator {
         d.reduce = Some(opts.op);
         d.prescale = opts.prescale;
         d.postscale = opts.postscale;
-        d.problem = shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts)).unwrap_or_default();
+        d.problem =
+            shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts)).unwrap_or_default();
         let (mut clock, _) = engine.begin(d)?;
         let bytes = data.bytes_mut();
         if dtype.is_float() {
@@ -416,7 +442,9 @@ impl Communicator {
         let mut d = desc(OpKind::Broadcast, name, data.dtype(), shape);
         d.root = root as u32;
         d.problem = shape_problem(shape, data.len())
-            .or_else(|| (root >= world).then(|| format!("root {root} is out of range for world size {world}")))
+            .or_else(|| {
+                (root >= world).then(|| format!("root {root} is out of range for world size {world}"))
+            })
             .unwrap_or_default();
         let (mut clock, _) = engine.begin(d)?;
         engine.broadcast(data.bytes_mut(), root, &mut clock)
@@ -433,7 +461,8 @@ fn setup_shm(mesh: &mut Mesh, opts: &CommOptions, deadline: Instant) -> Result<O
     let mut created: Option<(String, Shm)> = None;
     let mut frame_path = String::new();
     if rank == 0 && one_host && world * 64 + 64 <= 4096 {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         let path = format!("/dev/shm/drove-{}-{nanos}", std::process::id());
         match Shm::open(&path, true, rank, world, chunk) {
             Ok(shm) => {
@@ -489,12 +518,24 @@ impl Collective for Communicator {
         self.shared.world
     }
 
-    fn all_reduce(&self, name: &str, shape: &[usize], data: TensorMut<'_>, opts: ReduceOptions) -> Result<(), CommError> {
+    fn all_reduce(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorMut<'_>,
+        opts: ReduceOptions,
+    ) -> Result<(), CommError> {
         let t = self.shared.ticket();
         self.shared.run(t, |e| Self::all_reduce_impl(e, name, shape, data, opts))
     }
 
-    fn broadcast(&self, name: &str, shape: &[usize], data: TensorMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorMut<'_>,
+        root: usize,
+    ) -> Result<(), CommError> {
         let t = self.shared.ticket();
         self.shared.run(t, |e| Self::broadcast_impl(e, name, shape, data, root))
     }
@@ -565,7 +606,13 @@ impl Collective for Communicator {
         self.shared.run(t, |e| e.begin(desc(OpKind::Barrier, name, DType::I32, &[])).map(|_| ()))
     }
 
-    fn all_reduce_async(&self, name: &str, shape: &[usize], mut data: Buffer, opts: ReduceOptions) -> Pending<Buffer> {
+    fn all_reduce_async(
+        &self,
+        name: &str,
+        shape: &[usize],
+        mut data: Buffer,
+        opts: ReduceOptions,
+    ) -> Pending<Buffer> {
         let t = self.shared.ticket();
         let (tx, rx) = channel();
         let shared = Arc::clone(&self.shared);
@@ -606,10 +653,11 @@ impl Drop for Communicator {
         }
         let t = self.shared.ticket();
         self.shared.run(t, |e| {
-            if e.broken.is_none() && e.world() > 1 {
-                if let Err(err) = e.begin(desc(OpKind::Shutdown, "shutdown", DType::I32, &[])) {
-                    tracing::debug!("leaving the communicator: {err}");
-                }
+            if e.broken.is_none()
+                && e.world() > 1
+                && let Err(err) = e.begin(desc(OpKind::Shutdown, "shutdown", DType::I32, &[]))
+            {
+                tracing::debug!("leaving the communicator: {err}");
             }
         });
     }
@@ -626,7 +674,13 @@ impl Collective for SingleProcess {
     fn world_size(&self) -> usize {
         1
     }
-    fn all_reduce(&self, name: &str, shape: &[usize], mut data: TensorMut<'_>, opts: ReduceOptions) -> Result<(), CommError> {
+    fn all_reduce(
+        &self,
+        name: &str,
+        shape: &[usize],
+        mut data: TensorMut<'_>,
+        opts: ReduceOptions,
+    ) -> Result<(), CommError> {
         let dtype = data.dtype();
         if let Some(problem) = shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts)) {
             return Err(CommError::Invalid { op: format!("all_reduce {name:?}"), message: problem });
@@ -638,7 +692,13 @@ impl Collective for SingleProcess {
         }
         Ok(())
     }
-    fn broadcast(&self, name: &str, shape: &[usize], data: TensorMut<'_>, root: usize) -> Result<(), CommError> {
+    fn broadcast(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorMut<'_>,
+        root: usize,
+    ) -> Result<(), CommError> {
         if let Some(problem) = shape_problem(shape, data.len()) {
             return Err(CommError::Invalid { op: format!("broadcast {name:?}"), message: problem });
         }
@@ -651,7 +711,9 @@ impl Collective for SingleProcess {
         Ok(())
     }
     fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError> {
-        if let Some(problem) = shape_problem(shape, data.len()).or_else(|| shape.is_empty().then(|| "needs a dimension".into())) {
+        if let Some(problem) =
+            shape_problem(shape, data.len()).or_else(|| shape.is_empty().then(|| "needs a dimension".into()))
+        {
             return Err(CommError::Invalid { op: format!("all_gather {name:?}"), message: problem });
         }
         let mut out = Buffer::zeros(data.dtype(), data.len());

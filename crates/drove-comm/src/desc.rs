@@ -189,7 +189,8 @@ pub(crate) fn check(descs: &[OpDesc]) -> Result<(), CommError> {
     if !problems.is_empty() {
         return Err(CommError::Invalid { op, message: problems.join("; ") });
     }
-    let mismatch = |field: &'static str, values: String| Err(CommError::Mismatch { op: op.clone(), field, values });
+    let mismatch =
+        |field: &'static str, values: String| Err(CommError::Mismatch { op: op.clone(), field, values });
     macro_rules! field {
         ($name:literal, $get:expr, $show:expr) => {{
             let vals: Vec<_> = descs.iter().map($get).collect();
@@ -203,7 +204,8 @@ pub(crate) fn check(descs: &[OpDesc]) -> Result<(), CommError> {
     ));
     field!("the op sequence number", |d: &OpDesc| d.seq, |s: &u64| format!("op #{s}"));
     field!("dtype", |d: &OpDesc| d.dtype, |t: &DType| t.to_string());
-    field!("reduce op", |d: &OpDesc| d.reduce, |r: &Option<ReduceOp>| r.map_or("none".into(), |r| r.to_string()));
+    field!("reduce op", |d: &OpDesc| d.reduce, |r: &Option<ReduceOp>| r
+        .map_or("none".into(), |r| r.to_string()));
     field!("prescale factor", |d: &OpDesc| d.prescale.to_bits(), |b: &u64| f64::from_bits(*b).to_string());
     field!("postscale factor", |d: &OpDesc| d.postscale.to_bits(), |b: &u64| f64::from_bits(*b).to_string());
     field!("root", |d: &OpDesc| d.root, |r: &u32| format!("root {r}"));

@@ -369,7 +369,9 @@ pub(crate) fn combine_bytes(dtype: DType, c: Combine, dst: &mut [u8], src: &[u8]
         DType::BF16 => {
             let d: &mut [bf16] = bytemuck::cast_slice_mut(dst);
             let s: &[bf16] = bytemuck::cast_slice(src);
-            d.iter_mut().zip(s).for_each(|(d, s)| *d = bf16::from_f32(combine_f32(c, d.to_f32(), s.to_f32())));
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| *d = bf16::from_f32(combine_f32(c, d.to_f32(), s.to_f32())));
         }
     }
 }

@@ -3,8 +3,8 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use crate::desc::{check, OpDesc};
-use crate::dtype::{combine_bytes, combine_many, finish, Combine, DType, ReduceOp};
+use crate::desc::{OpDesc, check};
+use crate::dtype::{Combine, DType, ReduceOp, combine_bytes, combine_many, finish};
 use crate::error::CommError;
 use crate::mesh::{Clock, Mesh};
 use crate::shm::Shm;
@@ -67,7 +67,13 @@ fn piece_of(seg: &Range<usize>, k: usize, piece: usize) -> Range<usize> {
 }
 
 impl Engine {
-    pub fn new(mesh: Mesh, shm: Option<Shm>, timeout: Duration, warn_after: Duration, kill_after: Option<u64>) -> Self {
+    pub fn new(
+        mesh: Mesh,
+        shm: Option<Shm>,
+        timeout: Duration,
+        warn_after: Duration,
+        kill_after: Option<u64>,
+    ) -> Self {
         Engine {
             mesh,
             shm,
@@ -97,12 +103,12 @@ impl Engine {
     /// Counts bytes moved; test hook that kills this process mid-op.
     fn moved(&mut self, bytes: usize) {
         self.moved += bytes as u64;
-        if let Some(limit) = self.kill_after {
-            if self.moved >= limit {
-                // SAFETY: raising a signal on our own process.
-                unsafe {
-                    libc::kill(libc::getpid(), libc::SIGKILL);
-                }
+        if let Some(limit) = self.kill_after
+            && self.moved >= limit
+        {
+            // SAFETY: raising a signal on our own process.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
             }
         }
     }
@@ -133,7 +139,8 @@ impl Engine {
                     let e = CommError::PeerLost {
                         op: clock.op.clone(),
                         ranks: vec![r],
-                        detail: "sent an op description that does not decode (a different drove version?)".into(),
+                        detail: "sent an op description that does not decode (a different drove version?)"
+                            .into(),
                     };
                     self.fail(&e);
                     return Err(e);
@@ -281,14 +288,25 @@ impl Engine {
             let recv_idx = (rank + offset + 2 * n - s) % n;
             let (send, dst) = disjoint(buf, scale(&segs[send_idx], es), scale(&segs[recv_idx], es));
             let mut sent_total = 0;
-            let r = self.mesh.exchange(Some((next, send)), Some((prev, dst)), clock, |_, _| {}, |s| sent_total = s);
+            let r = self.mesh.exchange(
+                Some((next, send)),
+                Some((prev, dst)),
+                clock,
+                |_, _| {},
+                |s| sent_total = s,
+            );
             self.moved(sent_total);
             r?;
         }
         Ok(())
     }
 
-    fn ring_all_reduce(&mut self, buf: &mut [u8], red: Reduction, clock: &mut Clock) -> Result<(), CommError> {
+    fn ring_all_reduce(
+        &mut self,
+        buf: &mut [u8],
+        red: Reduction,
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
         let (rank, n, es) = (self.rank(), self.world(), red.dtype.size());
         let segs = split(buf.len() / es, n);
         self.ring_reduce_scatter_phase(buf, &segs, 0, red, clock)?;
@@ -373,7 +391,13 @@ impl Engine {
     // ---- all-gather --------------------------------------------------------------
 
     /// Gathers every rank's bytes (`counts[r]` bytes each) into `out` in rank order.
-    pub fn all_gather(&mut self, input: &[u8], counts: &[usize], out: &mut [u8], clock: &mut Clock) -> Result<(), CommError> {
+    pub fn all_gather(
+        &mut self,
+        input: &[u8],
+        counts: &[usize],
+        out: &mut [u8],
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
         let r = if self.world() == 1 {
             out.copy_from_slice(input);
             Ok(())
@@ -397,14 +421,23 @@ impl Engine {
         r.inspect_err(|e| self.fail(e))
     }
 
-    fn shm_all_gather(&mut self, input: &[u8], counts: &[usize], out: &mut [u8], clock: &mut Clock) -> Result<(), CommError> {
+    fn shm_all_gather(
+        &mut self,
+        input: &[u8],
+        counts: &[usize],
+        out: &mut [u8],
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
         let (rank, world) = (self.rank(), self.world());
         let chunk = self.shm.as_ref().expect("shm transport").chunk;
-        let offsets: Vec<usize> = counts.iter().scan(0, |acc, &c| {
-            let o = *acc;
-            *acc += c;
-            Some(o)
-        }).collect();
+        let offsets: Vec<usize> = counts
+            .iter()
+            .scan(0, |acc, &c| {
+                let o = *acc;
+                *acc += c;
+                Some(o)
+            })
+            .collect();
         let rounds = counts.iter().map(|c| c.div_ceil(chunk)).max().unwrap_or(0);
         for k in 0..rounds {
             let b = (self.shm_round + k) % 2;
@@ -415,7 +448,8 @@ impl Engine {
             shm.wait_all(&self.mesh, clock)?;
             for q in 0..world {
                 let part = (k * chunk).min(counts[q])..((k + 1) * chunk).min(counts[q]);
-                out[offsets[q] + part.start..offsets[q] + part.end].copy_from_slice(&shm.slot(q, b)[..part.len()]);
+                out[offsets[q] + part.start..offsets[q] + part.end]
+                    .copy_from_slice(&shm.slot(q, b)[..part.len()]);
             }
             self.moved(mine.len());
         }
@@ -477,8 +511,12 @@ impl Engine {
                     let (s, r) = disjoint(buf, s, r);
                     self.mesh.exchange(Some((next, s)), Some((prev, r)), clock, |_, _| {}, |x| sent_total = x)
                 }
-                (Some(s), None) => self.mesh.exchange(Some((next, &buf[s])), None, clock, |_, _| {}, |x| sent_total = x),
-                (None, Some(r)) => self.mesh.exchange(None, Some((prev, &mut buf[r])), clock, |_, _| {}, |_| {}),
+                (Some(s), None) => {
+                    self.mesh.exchange(Some((next, &buf[s])), None, clock, |_, _| {}, |x| sent_total = x)
+                }
+                (None, Some(r)) => {
+                    self.mesh.exchange(None, Some((prev, &mut buf[r])), clock, |_, _| {}, |_| {})
+                }
                 (None, None) => Ok(()),
             };
             self.moved(sent_total);

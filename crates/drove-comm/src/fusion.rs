@@ -80,8 +80,14 @@ pub fn all_reduce_fused<C: Collective + ?Sized>(
             let t = &tensors[i];
             match &mut packed {
                 Buffer::F32(p) => p[offset..offset + t.len()].copy_from_slice(t),
-                Buffer::F16(p) => p[offset..offset + t.len()].iter_mut().zip(t.iter()).for_each(|(d, &s)| *d = f16::from_f32(s)),
-                Buffer::BF16(p) => p[offset..offset + t.len()].iter_mut().zip(t.iter()).for_each(|(d, &s)| *d = bf16::from_f32(s)),
+                Buffer::F16(p) => p[offset..offset + t.len()]
+                    .iter_mut()
+                    .zip(t.iter())
+                    .for_each(|(d, &s)| *d = f16::from_f32(s)),
+                Buffer::BF16(p) => p[offset..offset + t.len()]
+                    .iter_mut()
+                    .zip(t.iter())
+                    .for_each(|(d, &s)| *d = bf16::from_f32(s)),
                 _ => unreachable!("packed buffers are f32, f16 or bf16"),
             }
             offset += t.len();

@@ -44,7 +44,7 @@ mod rendezvous;
 mod shm;
 
 pub use comm::{
-    CommOptions, Collective, Communicator, Gathered, Pending, ReduceOptions, SingleProcess, Transport,
+    Collective, CommOptions, Communicator, Gathered, Pending, ReduceOptions, SingleProcess, Transport,
 };
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use error::CommError;

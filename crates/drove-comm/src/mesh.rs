@@ -31,7 +31,11 @@ impl Clock {
     pub fn check(&mut self, waiting_for: &[usize]) -> Result<(), CommError> {
         let elapsed = self.start.elapsed();
         if elapsed >= self.timeout {
-            return Err(CommError::Timeout { op: self.op.clone(), ranks: waiting_for.to_vec(), after: self.timeout });
+            return Err(CommError::Timeout {
+                op: self.op.clone(),
+                ranks: waiting_for.to_vec(),
+                after: self.timeout,
+            });
         }
         if !self.warned && elapsed >= self.warn_after {
             self.warned = true;
@@ -63,7 +67,9 @@ pub(crate) struct Mesh {
 }
 
 fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn tune(stream: &TcpStream) -> std::io::Result<()> {
@@ -131,11 +137,14 @@ impl Mesh {
             };
             tune(&stream).map_err(|e| CommError::io("configuring a socket", e))?;
             stream
-                .set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))))
+                .set_read_timeout(Some(
+                    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+                ))
                 .map_err(|e| CommError::io("configuring a socket", e))?;
-            write_hello(&mut stream, rank, world, &boot).map_err(|e| CommError::io(format!("greeting rank {peer}"), e))?;
-            let (magic, their_rank, their_world, their_boot) =
-                read_hello(&mut stream).map_err(|e| CommError::io(format!("reading rank {peer}'s greeting"), e))?;
+            write_hello(&mut stream, rank, world, &boot)
+                .map_err(|e| CommError::io(format!("greeting rank {peer}"), e))?;
+            let (magic, their_rank, their_world, their_boot) = read_hello(&mut stream)
+                .map_err(|e| CommError::io(format!("reading rank {peer}'s greeting"), e))?;
             if magic != MAGIC || their_rank != peer || their_world != world {
                 return Err(timeout_err(format!(
                     "{addr} answered as rank {their_rank} of {their_world} (protocol {magic:#x}), expected rank {peer} of {world}"
@@ -389,18 +398,22 @@ impl Mesh {
                     if head_got[p] == 4 {
                         let len = u32::from_le_bytes(heads[p]) as usize;
                         if len > 1 << 20 {
-                            return Err(self.lost(clock, p, &format!("sent a malformed op header ({len} bytes)")));
+                            return Err(self.lost(
+                                clock,
+                                p,
+                                &format!("sent a malformed op header ({len} bytes)"),
+                            ));
                         }
                         body_len[p] = Some(len);
                         bodies[p] = vec![0u8; len];
                     }
                 }
-                if let Some(len) = body_len[p] {
-                    if body_got[p] < len {
-                        let n = self.try_recv(p, &mut bodies[p][body_got[p]..], clock)?;
-                        body_got[p] += n;
-                        progressed |= n > 0;
-                    }
+                if let Some(len) = body_len[p]
+                    && body_got[p] < len
+                {
+                    let n = self.try_recv(p, &mut bodies[p][body_got[p]..], clock)?;
+                    body_got[p] += n;
+                    progressed |= n > 0;
                 }
                 if body_len[p].is_none_or(|len| body_got[p] < len) {
                     want.push((p, libc::POLLIN));

@@ -57,7 +57,8 @@ impl StaticRendezvous {
     pub fn from_env() -> Result<Self, CommError> {
         let rank = parse_usize("DROVE_RANK", std::env::var("DROVE_RANK").ok())?;
         let world = parse_usize("DROVE_WORLD_SIZE", std::env::var("DROVE_WORLD_SIZE").ok())?;
-        let list = std::env::var("DROVE_PEERS").map_err(|_| CommError::Rendezvous("DROVE_PEERS is not set".into()))?;
+        let list = std::env::var("DROVE_PEERS")
+            .map_err(|_| CommError::Rendezvous("DROVE_PEERS is not set".into()))?;
         let peers = list
             .split(',')
             .map(|a| {
@@ -140,18 +141,19 @@ impl Rendezvous for FileRendezvous {
         let file = |r: usize| self.dir.join(format!("rank-{r}.addr"));
         let tmp = self.dir.join(format!(".rank-{}.addr.{}", self.rank, std::process::id()));
         std::fs::write(&tmp, listening.to_string()).map_err(io(format!("writing {}", tmp.display())))?;
-        std::fs::rename(&tmp, file(self.rank)).map_err(io(format!("publishing {}", file(self.rank).display())))?;
+        std::fs::rename(&tmp, file(self.rank))
+            .map_err(io(format!("publishing {}", file(self.rank).display())))?;
         let mut addrs: Vec<Option<SocketAddr>> = vec![None; self.world];
         let mut backoff = Duration::from_millis(1);
         loop {
             for (r, slot) in addrs.iter_mut().enumerate() {
-                if slot.is_none() {
-                    if let Ok(text) = std::fs::read_to_string(file(r)) {
-                        let addr = text.trim().parse().map_err(|_| {
-                            CommError::Rendezvous(format!("{} holds {text:?}, not an address", file(r).display()))
-                        })?;
-                        *slot = Some(addr);
-                    }
+                if slot.is_none()
+                    && let Ok(text) = std::fs::read_to_string(file(r))
+                {
+                    let addr = text.trim().parse().map_err(|_| {
+                        CommError::Rendezvous(format!("{} holds {text:?}, not an address", file(r).display()))
+                    })?;
+                    *slot = Some(addr);
                 }
             }
             let missing: Vec<usize> = (0..self.world).filter(|&r| addrs[r].is_none()).collect();

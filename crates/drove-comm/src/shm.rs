@@ -43,7 +43,7 @@ impl Shm {
     /// Creates (rank 0) or opens (others) the region at `path`.
     pub fn open(path: &str, create: bool, rank: usize, world: usize, chunk: usize) -> std::io::Result<Shm> {
         assert!(world * LINE + LINE <= HEADER, "too many ranks for the shared-memory header");
-        assert!(chunk % LINE == 0);
+        assert!(chunk.is_multiple_of(LINE));
         let file = OpenOptions::new().read(true).write(true).create_new(create).open(path)?;
         if create {
             file.set_len(Self::size(world, chunk) as u64)?;
@@ -95,7 +95,12 @@ impl Shm {
 
     /// Waits until ranks `who` have all published `phase` (this rank's current
     /// phase if `None`).
-    pub fn wait(&self, who: impl Iterator<Item = usize> + Clone, mesh: &Mesh, clock: &mut Clock) -> Result<(), CommError> {
+    pub fn wait(
+        &self,
+        who: impl Iterator<Item = usize> + Clone,
+        mesh: &Mesh,
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
         let phase = self.phase;
         let mut spins = 0u32;
         let mut last_check = Instant::now();
@@ -120,7 +125,8 @@ impl Shm {
                 }
                 if spins.is_multiple_of(256) || last_check.elapsed() >= Duration::from_millis(1) {
                     last_check = Instant::now();
-                    let missing: Vec<usize> = who.clone().filter(|&q| q != self.rank && !self.reached(q, phase)).collect();
+                    let missing: Vec<usize> =
+                        who.clone().filter(|&q| q != self.rank && !self.reached(q, phase)).collect();
                     mesh.check_alive(clock)?;
                     clock.check(&missing)?;
                 }
@@ -136,10 +142,19 @@ impl Shm {
 }
 
 fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
     // SAFETY: a shared (non-private) futex wait on a valid, aligned u32 with a timeout.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, &ts as *const libc::timespec);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
     }
 }
 

@@ -107,19 +107,42 @@ fn disagreements_fail_on_every_rank_and_leave_the_communicator_usable() {
                 let errs = r["errors"].as_array().unwrap();
                 let field = |i: usize| errs[i]["field"].as_str().unwrap().to_string();
                 let msg = |i: usize| errs[i]["message"].as_str().unwrap().to_string();
-                assert!(errs.iter().all(|e| e["ok"] == false && e["recoverable"] == true), "rank {rank}: {errs:#?}");
+                assert!(
+                    errs.iter().all(|e| e["ok"] == false && e["recoverable"] == true),
+                    "rank {rank}: {errs:#?}"
+                );
                 assert_eq!(field(0), "shape", "{}", msg(0));
-                assert!(msg(0).contains("[17, 17, 17] on rank 0") && msg(0).contains("[18, 18, 18] on rank 1"), "{}", msg(0));
+                assert!(
+                    msg(0).contains("[17, 17, 17] on rank 0") && msg(0).contains("[18, 18, 18] on rank 1"),
+                    "{}",
+                    msg(0)
+                );
                 assert_eq!(field(1), "shape");
-                assert!(msg(1).contains("[17, 1311]") && msg(1).contains("[17, 23, 57] on rank"), "{}", msg(1));
+                assert!(
+                    msg(1).contains("[17, 1311]") && msg(1).contains("[17, 23, 57] on rank"),
+                    "{}",
+                    msg(1)
+                );
                 assert_eq!(field(2), "dtype");
                 assert!(msg(2).contains("i32 on rank") && msg(2).contains("f32 on rank"), "{}", msg(2));
                 assert_eq!(field(3), "root");
-                assert!(msg(3).contains("root 0 on rank 0") && msg(3).contains("root 1 on rank 1"), "{}", msg(3));
+                assert!(
+                    msg(3).contains("root 0 on rank 0") && msg(3).contains("root 1 on rank 1"),
+                    "{}",
+                    msg(3)
+                );
                 assert_eq!(field(4), "invalid");
-                assert!(msg(4).contains(&format!("rank {}", n - 1)) && msg(4).contains("holds 6 elements"), "{}", msg(4));
+                assert!(
+                    msg(4).contains(&format!("rank {}", n - 1)) && msg(4).contains("holds 6 elements"),
+                    "{}",
+                    msg(4)
+                );
                 assert!(msg(0).starts_with("all_reduce \"shapes\""), "{}", msg(0));
-                assert_eq!(r["usable_after"], serde_json::json!([true, true, true, true, true]), "rank {rank}");
+                assert_eq!(
+                    r["usable_after"],
+                    serde_json::json!([true, true, true, true, true]),
+                    "rank {rank}"
+                );
             }
         }
     }
@@ -130,13 +153,25 @@ fn a_rank_killed_mid_allreduce_fails_the_others_within_the_deadline() {
     for transport in ["auto", "tcp"] {
         let deadline_s = 10;
         // Rank 1 SIGKILLs itself after moving 32 MiB of a 256 MiB all-reduce.
-        let w = run_world(3, transport, &["kill", "1", &(32u64 << 20).to_string(), "256"], &deadline_s.to_string(), Duration::from_secs(60));
+        let w = run_world(
+            3,
+            transport,
+            &["kill", "1", &(32u64 << 20).to_string(), "256"],
+            &deadline_s.to_string(),
+            Duration::from_secs(60),
+        );
         use std::os::unix::process::ExitStatusExt;
-        assert_eq!(w.outputs[1].status.signal(), Some(libc::SIGKILL), "{transport}: victim\n{}", describe(&w));
+        assert_eq!(
+            w.outputs[1].status.signal(),
+            Some(libc::SIGKILL),
+            "{transport}: victim\n{}",
+            describe(&w)
+        );
         for rank in [0, 2] {
             assert!(w.outputs[rank].status.success(), "{transport}: rank {rank}\n{}", describe(&w));
             let r = &w.results[rank].as_ref().expect("JSON")["result"];
-            let err = r["error"].as_str().unwrap_or_else(|| panic!("{transport}: rank {rank} saw no error: {r}"));
+            let err =
+                r["error"].as_str().unwrap_or_else(|| panic!("{transport}: rank {rank} saw no error: {r}"));
             assert!(err.contains("all_reduce \"big\""), "{err}");
             assert!(err.contains("[1]"), "{transport}: rank {rank} should name rank 1: {err}");
             assert!(r["elapsed_ms"].as_u64().unwrap() < deadline_s * 1000, "{r}");

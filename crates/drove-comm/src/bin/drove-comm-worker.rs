@@ -8,10 +8,10 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use drove_comm::fusion::{all_reduce_fused, Compression, FusionOptions};
+use drove_comm::fusion::{Compression, FusionOptions, all_reduce_fused};
 use drove_comm::{
-    bf16, f16, Buffer, CommError, CommOptions, Collective, Communicator, Element, FileRendezvous, ReduceOp,
-    ReduceOptions, StaticRendezvous,
+    Buffer, Collective, CommError, CommOptions, Communicator, Element, FileRendezvous, ReduceOp,
+    ReduceOptions, StaticRendezvous, bf16, f16,
 };
 
 fn connect(fault: Option<u64>) -> Result<Communicator, CommError> {
@@ -131,10 +131,14 @@ fn closed_form_for<T: Num>(comm: &Communicator, c: &mut Checks) {
             }
         }
         // Product of {-2, -1, 1, 2}: at most 2^size in magnitude, exact.
-        let p = base(n, 0, 4, 7 + dim as u64).iter().map(|&x| [-2, -1, 1, 2][x as usize]).collect::<Vec<i64>>();
+        let p =
+            base(n, 0, 4, 7 + dim as u64).iter().map(|&x| [-2, -1, 1, 2][x as usize]).collect::<Vec<i64>>();
         let mut data = mk(&p);
         let name = format!("product {tag}");
-        if c.ok(&name, comm.all_reduce(&name, &shape, T::tensor_mut(&mut data), ReduceOptions::new(ReduceOp::Product))) {
+        if c.ok(
+            &name,
+            comm.all_reduce(&name, &shape, T::tensor_mut(&mut data), ReduceOptions::new(ReduceOp::Product)),
+        ) {
             c.close(&name, &data, &p.iter().map(|&x| (x as f64).powi(size as i32)).collect::<Vec<_>>(), true);
         }
         // Pre- and post-scaling (floats): 0.5 * x on every rank, summed, times 3.
@@ -144,7 +148,12 @@ fn closed_form_for<T: Num>(comm: &Communicator, c: &mut Checks) {
             let opts = ReduceOptions::sum().prescale(0.5).postscale(3.0);
             if c.ok(&name, comm.all_reduce(&name, &shape, T::tensor_mut(&mut data), opts)) {
                 let want: Vec<f64> = t.iter().map(|&x| 1.5 * (x * size + rank_sum) as f64).collect();
-                c.close(&name, &data, &want, !matches!(dtype, drove_comm::DType::F16 | drove_comm::DType::BF16) && exact);
+                c.close(
+                    &name,
+                    &data,
+                    &want,
+                    !matches!(dtype, drove_comm::DType::F16 | drove_comm::DType::BF16) && exact,
+                );
             }
         }
         // Broadcast from every root: the root's tensor everywhere, the root's unchanged.
@@ -164,7 +173,9 @@ fn closed_form_for<T: Num>(comm: &Communicator, c: &mut Checks) {
         match comm.all_gather(&name, &gshape, T::tensor_ref(&mk(&mine))) {
             Ok(g) => {
                 let want: Vec<f64> = (0..size)
-                    .flat_map(|r| (0..(17 + r as usize) * row).map(move |i| (r * 50 + (i % 50) as i64) as f64))
+                    .flat_map(|r| {
+                        (0..(17 + r as usize) * row).map(move |i| (r * 50 + (i % 50) as i64) as f64)
+                    })
                     .collect();
                 let got = T::from_buffer(g.data).expect("same dtype back");
                 c.close(&name, &got, &want, true);
@@ -204,7 +215,14 @@ fn closed_form(comm: &Communicator) -> serde_json::Value {
     closed_form_for::<i64>(comm, &mut c);
     // Async forms, in order with sync ones.
     let pending: Vec<_> = (0..4)
-        .map(|i| comm.all_reduce_async(&format!("async {i}"), &[3], Buffer::from(vec![i as f64; 3]), ReduceOptions::sum()))
+        .map(|i| {
+            comm.all_reduce_async(
+                &format!("async {i}"),
+                &[3],
+                Buffer::from(vec![i as f64; 3]),
+                ReduceOptions::sum(),
+            )
+        })
         .collect();
     let mut sync = vec![1i32; 5];
     let sync_ok = comm.all_reduce("sync after async", &[5], i32::tensor_mut(&mut sync), ReduceOptions::sum());
@@ -221,7 +239,8 @@ fn closed_form(comm: &Communicator) -> serde_json::Value {
         }
     }
     c.close("sync after async", &sync, &[comm.world_size() as f64; 5], true);
-    let b = comm.broadcast_async("async broadcast", &[2], Buffer::from(vec![comm.rank() as i64; 2]), 1).wait();
+    let b =
+        comm.broadcast_async("async broadcast", &[2], Buffer::from(vec![comm.rank() as i64; 2]), 1).wait();
     match b {
         Ok(b) => c.close("async broadcast", &i64::from_buffer(b).expect("i64"), &[1.0, 1.0], true),
         Err(e) => c.failures.push(format!("async broadcast: {e}")),
@@ -304,12 +323,18 @@ fn fusion(comm: &Communicator) -> serde_json::Value {
     // 200 tensors of mixed sizes, from 1 element to 300k.
     let sizes: Vec<usize> = (0..200).map(|i| [1, 7, 128, 1000, 4096, 65_537, 300_000][i % 7] + i).collect();
     let make = || -> Vec<Vec<f32>> {
-        sizes.iter().enumerate().map(|(i, &n)| (0..n).map(|j| ((i * 31 + j * 7 + rank * 13) % 97) as f32 * 0.25).collect()).collect()
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| ((i * 31 + j * 7 + rank * 13) % 97) as f32 * 0.25).collect())
+            .collect()
     };
     let mut unfused = make();
     let mut ok = true;
     for (i, t) in unfused.iter_mut().enumerate() {
-        ok &= comm.all_reduce(&format!("t{i}"), &[t.len()], f32::tensor_mut(t), ReduceOptions::average()).is_ok();
+        ok &= comm
+            .all_reduce(&format!("t{i}"), &[t.len()], f32::tensor_mut(t), ReduceOptions::average())
+            .is_ok();
     }
     let mut results = serde_json::Map::new();
     for (label, threshold, compression) in [
@@ -321,7 +346,13 @@ fn fusion(comm: &Communicator) -> serde_json::Value {
     ] {
         let mut fused = make();
         let mut refs: Vec<&mut [f32]> = fused.iter_mut().map(|v| v.as_mut_slice()).collect();
-        let r = all_reduce_fused(comm, label, &mut refs, ReduceOptions::average(), FusionOptions { threshold_bytes: threshold, compression });
+        let r = all_reduce_fused(
+            comm,
+            label,
+            &mut refs,
+            ReduceOptions::average(),
+            FusionOptions { threshold_bytes: threshold, compression },
+        );
         let max_diff = fused
             .iter()
             .zip(&unfused)
@@ -357,9 +388,15 @@ fn run() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
             comm.all_reduce("sum-rank", &[1], i64::tensor_mut(&mut v), ReduceOptions::sum())?;
             serde_json::json!({ "sum": v[0] })
         }
-        other => return Err(format!("unknown scenario {other:?}: closed-form, errors, kill, fusion, sum-rank").into()),
+        other => {
+            return Err(
+                format!("unknown scenario {other:?}: closed-form, errors, kill, fusion, sum-rank").into()
+            );
+        }
     };
-    Ok(serde_json::json!({ "rank": rank, "transport": std::env::var("DROVE_COMM_TRANSPORT").unwrap_or_else(|_| "auto".into()), "result": result }))
+    Ok(
+        serde_json::json!({ "rank": rank, "transport": std::env::var("DROVE_COMM_TRANSPORT").unwrap_or_else(|_| "auto".into()), "result": result }),
+    )
 }
 
 fn main() -> ExitCode {
