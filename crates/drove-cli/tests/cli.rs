@@ -279,3 +279,37 @@ fn an_id_outside_the_key_is_a_one_line_error() {
         "error: --epoch is not part of an init key (initial weights must be the same on every rank)\n"
     );
 }
+
+#[test]
+fn bench_allreduce_spawns_ranks_and_reports_bandwidth() {
+    for transport in ["auto", "tcp"] {
+        let report = json(&[
+            "bench",
+            "allreduce",
+            "--np",
+            "2",
+            "--sizes",
+            "1KiB,64KiB",
+            "--iters",
+            "10",
+            "--transport",
+            transport,
+            "--json",
+        ]);
+        assert_eq!(report["np"], 2);
+        let rows = report["results"].as_array().expect("results");
+        assert_eq!(rows.len(), 4, "two sizes x (allreduce, broadcast): {report}");
+        for row in rows {
+            assert!(row["iterations"].as_u64().unwrap() >= 10, "{row}");
+            for key in ["median_us", "algbw_gbps", "busbw_gbps", "memcpy_gbps"] {
+                let v = f64_of(row, key);
+                assert!(v.is_finite() && v > 0.0, "{key} = {v} in {row}");
+            }
+        }
+        // For 2 ranks the all-reduce's busbw equals its algbw.
+        assert_eq!(f64_of(&rows[0], "busbw_gbps"), f64_of(&rows[0], "algbw_gbps"));
+    }
+    let out = drove(&["bench", "allreduce", "--sizes", "12XB"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("unknown unit"), "{}", stderr(&out));
+}

@@ -26,6 +26,20 @@ fn parse_usize(name: &str, value: Option<String>) -> Result<usize, CommError> {
     value.trim().parse().map_err(|_| CommError::Rendezvous(format!("{name}={value:?} is not a whole number")))
 }
 
+/// Parses `host:port` entries separated by `sep`; blank entries and `#` comments are skipped.
+fn parse_peers(text: &str, sep: char, source: &str) -> Result<Vec<SocketAddr>, CommError> {
+    text.split(sep)
+        .enumerate()
+        .map(|(i, a)| (i + 1, a.split('#').next().unwrap_or("").trim()))
+        .filter(|(_, a)| !a.is_empty())
+        .map(|(i, a)| {
+            a.to_socket_addrs().ok().and_then(|mut it| it.next()).ok_or_else(|| {
+                CommError::Rendezvous(format!("{source} entry {i} ({a:?}) is not a host:port address"))
+            })
+        })
+        .collect()
+}
+
 fn check_world(rank: usize, world: usize) -> Result<(), CommError> {
     if world == 0 {
         return Err(CommError::Rendezvous("world size must be at least 1, found 0".into()));
@@ -39,7 +53,8 @@ fn check_world(rank: usize, world: usize) -> Result<(), CommError> {
 /// A fixed address table: rank `r` listens on `peers[r]`.
 ///
 /// From the environment: `DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_PEERS`
-/// (comma-separated `host:port`, one per rank, in rank order).
+/// (comma-separated `host:port`, one per rank, in rank order), or
+/// `DROVE_PEERS_FILE` (a file with one `host:port` per line, `#` comments).
 #[derive(Clone, Debug)]
 pub struct StaticRendezvous {
     rank: usize,
@@ -53,23 +68,24 @@ impl StaticRendezvous {
         Ok(StaticRendezvous { rank, peers })
     }
 
-    /// Reads `DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_PEERS`.
+    /// Reads `DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_PEERS` or `DROVE_PEERS_FILE`.
     pub fn from_env() -> Result<Self, CommError> {
         let rank = parse_usize("DROVE_RANK", std::env::var("DROVE_RANK").ok())?;
         let world = parse_usize("DROVE_WORLD_SIZE", std::env::var("DROVE_WORLD_SIZE").ok())?;
-        let list = std::env::var("DROVE_PEERS")
-            .map_err(|_| CommError::Rendezvous("DROVE_PEERS is not set".into()))?;
-        let peers = list
-            .split(',')
-            .map(|a| {
-                a.trim().to_socket_addrs().ok().and_then(|mut it| it.next()).ok_or_else(|| {
-                    CommError::Rendezvous(format!("DROVE_PEERS entry {a:?} is not a host:port address"))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let (source, peers) = if let Ok(file) = std::env::var("DROVE_PEERS_FILE") {
+            let text =
+                std::fs::read_to_string(&file).map_err(|e| CommError::io(format!("reading {file}"), e))?;
+            let peers = parse_peers(&text, '\n', "DROVE_PEERS_FILE")?;
+            (file, peers)
+        } else {
+            let list = std::env::var("DROVE_PEERS").map_err(|_| {
+                CommError::Rendezvous("neither DROVE_PEERS nor DROVE_PEERS_FILE is set".into())
+            })?;
+            ("DROVE_PEERS".to_string(), parse_peers(&list, ',', "DROVE_PEERS")?)
+        };
         if peers.len() != world {
             return Err(CommError::Rendezvous(format!(
-                "DROVE_PEERS lists {} addresses but DROVE_WORLD_SIZE is {world}",
+                "{source} lists {} addresses but DROVE_WORLD_SIZE is {world}",
                 peers.len()
             )));
         }
@@ -171,5 +187,19 @@ impl Rendezvous for FileRendezvous {
             std::thread::sleep(backoff.min(left));
             backoff = (backoff * 2).min(Duration::from_millis(50));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_lists_parse_with_comments_and_name_bad_entries() {
+        let peers = parse_peers("127.0.0.1:1000\n# rank 1\n127.0.0.1:1001  # second\n\n", '\n', "f").unwrap();
+        assert_eq!(peers, vec!["127.0.0.1:1000".parse().unwrap(), "127.0.0.1:1001".parse().unwrap()]);
+        let err = parse_peers("127.0.0.1:1,nonsense", ',', "DROVE_PEERS").unwrap_err().to_string();
+        assert!(err.contains("DROVE_PEERS entry 2 (\"nonsense\")"), "{err}");
+        assert!(StaticRendezvous::new(2, peers).unwrap_err().to_string().contains("rank 2 is out of range"));
     }
 }

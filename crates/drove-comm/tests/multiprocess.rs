@@ -26,6 +26,7 @@ fn run_world(n: usize, transport: &str, args: &[&str], timeout_s: &str, limit: D
                 .env("DROVE_COMM_TRANSPORT", transport)
                 .env("DROVE_COMM_TIMEOUT", timeout_s)
                 .env_remove("RUST_LOG")
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -33,6 +34,9 @@ fn run_world(n: usize, transport: &str, args: &[&str], timeout_s: &str, limit: D
         })
         .collect();
     let pids: Vec<u32> = children.iter().map(Child::id).collect();
+    // A stalled rank waits for its stdin to close: closed once the others are done.
+    let mut children = children;
+    let mut stdins: Vec<_> = children.iter_mut().map(|c| c.stdin.take()).collect();
     let (tx, rx) = mpsc::channel();
     for (rank, child) in children.into_iter().enumerate() {
         let tx = tx.clone();
@@ -42,7 +46,10 @@ fn run_world(n: usize, transport: &str, args: &[&str], timeout_s: &str, limit: D
     }
     drop(tx);
     let mut outputs: Vec<Option<Output>> = (0..n).map(|_| None).collect();
-    for _ in 0..n {
+    for done in 0..n {
+        if done + 1 == n {
+            stdins.clear();
+        }
         let left = limit.saturating_sub(start.elapsed());
         match rx.recv_timeout(left) {
             Ok((rank, out)) => outputs[rank] = Some(out.expect("waiting for a worker")),
@@ -196,5 +203,57 @@ fn fused_buckets_equal_the_unfused_result() {
             assert!(res["fused_f16"]["max_abs_diff"].as_f64().unwrap() <= 0.02, "{res}");
             assert!(res["fused_bf16"]["max_abs_diff"].as_f64().unwrap() <= 0.2, "{res}");
         }
+    }
+}
+
+#[test]
+fn a_stalled_rank_is_named_in_a_warning_and_then_in_the_timeout_error() {
+    for transport in ["auto", "tcp"] {
+        let w = run_world(3, transport, &["stall", "1"], "2", Duration::from_secs(60));
+        all_succeeded(&w);
+        for rank in [0, 2] {
+            let r = &w.results[rank].as_ref().expect("JSON")["result"];
+            let err = r["error"].as_str().unwrap_or_else(|| panic!("rank {rank} saw no error: {r}"));
+            assert!(err.contains("timed out after 2.0s waiting for rank(s) [1]"), "{transport}: {err}");
+            let ms = r["elapsed_ms"].as_u64().unwrap();
+            assert!((2000..10_000).contains(&ms), "{transport}: failed after {ms} ms");
+            let log = String::from_utf8_lossy(&w.outputs[rank].stderr);
+            assert!(
+                log.contains("WARN") && log.contains("still waiting for rank(s) [1]"),
+                "{transport}: {log}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_static_file_of_addresses_is_a_rendezvous() {
+    // Reserve three loopback ports, then hand them to the ranks in a peers file.
+    let listeners: Vec<_> = (0..3).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    let addrs: Vec<String> = listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect();
+    drop(listeners);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("peers.txt");
+    std::fs::write(&file, format!("# one address per rank\n{}\n", addrs.join("\n"))).unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_drove-comm-worker"))
+                .arg("sum-rank")
+                .env("DROVE_RANK", rank.to_string())
+                .env("DROVE_WORLD_SIZE", "3")
+                .env("DROVE_PEERS_FILE", &file)
+                .env("DROVE_COMM_TIMEOUT", "20")
+                .env_remove("DROVE_RENDEZVOUS_DIR")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["result"]["sum"], 3);
     }
 }

@@ -3,7 +3,8 @@
 //! and `DROVE_RENDEZVOUS_DIR` (or `DROVE_PEERS`) set; `DROVE_COMM_TRANSPORT`
 //! and `DROVE_COMM_TIMEOUT` choose the transport and the deadline.
 //!
-//! Scenarios: `closed-form`, `errors`, `kill VICTIM BYTES MIB`, `fusion`, `sum-rank`.
+//! Scenarios: `closed-form`, `errors`, `kill VICTIM BYTES MIB`, `stall VICTIM`,
+//! `fusion`, `sum-rank`. Logs (stall warnings) go to stderr.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -381,6 +382,23 @@ fn run() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
             let comm = connect((rank == victim).then_some(bytes))?;
             kill(&comm, mib)
         }
+        "stall" => {
+            let victim = arg(1)? as usize;
+            let comm = connect(None)?;
+            if rank == victim {
+                // Connected, but never joins the op: blocks until the parent closes stdin.
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())?;
+                serde_json::json!({ "stalled": true })
+            } else {
+                let start = Instant::now();
+                let mut v = [1f32; 16];
+                let r = comm.all_reduce("stalled op", &[16], f32::tensor_mut(&mut v), ReduceOptions::sum());
+                serde_json::json!({
+                    "error": r.err().map(|e| e.to_string()),
+                    "elapsed_ms": start.elapsed().as_millis() as u64,
+                })
+            }
+        }
         "fusion" => fusion(&connect(None)?),
         "sum-rank" => {
             let comm = connect(None)?;
@@ -400,6 +418,7 @@ fn run() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
 }
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(false).init();
     match run() {
         Ok(v) => {
             println!("{v}");
