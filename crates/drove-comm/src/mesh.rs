@@ -244,11 +244,7 @@ impl Mesh {
                 }
             }
             if !dead.is_empty() {
-                return Err(CommError::PeerLost {
-                    op: clock.op.clone(),
-                    ranks: dead,
-                    detail: "connection closed (the process exited or was killed)".into(),
-                });
+                return Err(lost_while(clock, dead, &waiting));
             }
             if ready {
                 return Ok(());
@@ -257,7 +253,7 @@ impl Mesh {
     }
 
     /// Checks, without blocking, that no peer has hung up.
-    pub fn check_alive(&self, clock: &Clock) -> Result<(), CommError> {
+    pub fn check_alive(&self, clock: &Clock, waiting: &[usize]) -> Result<(), CommError> {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut who = Vec::new();
         for (peer, s) in self.peers.iter().enumerate() {
@@ -276,11 +272,7 @@ impl Mesh {
                 .map(|(_, &p)| p)
                 .collect();
             if !dead.is_empty() {
-                return Err(CommError::PeerLost {
-                    op: clock.op.clone(),
-                    ranks: dead,
-                    detail: "connection closed (the process exited or was killed)".into(),
-                });
+                return Err(lost_while(clock, dead, waiting));
             }
         }
         Ok(())
@@ -427,6 +419,17 @@ impl Mesh {
             }
         }
     }
+}
+
+/// A peer hung up; if it is not the one waited for, say who was (a rank that failed
+/// first, e.g. on its own deadline, may exit before the others notice why).
+fn lost_while(clock: &Clock, dead: Vec<usize>, waiting: &[usize]) -> CommError {
+    let mut detail = String::from("connection closed (the process exited or was killed)");
+    let others: Vec<usize> = waiting.iter().copied().filter(|w| !dead.contains(w)).collect();
+    if !others.is_empty() {
+        detail.push_str(&format!(" while waiting for rank(s) {others:?} for {:.1?}", clock.start.elapsed()));
+    }
+    CommError::PeerLost { op: clock.op.clone(), ranks: dead, detail }
 }
 
 fn poll_one(fd: i32, events: i16, timeout: Duration) {

@@ -127,7 +127,7 @@ impl Shm {
                     last_check = Instant::now();
                     let missing: Vec<usize> =
                         who.clone().filter(|&q| q != self.rank && !self.reached(q, phase)).collect();
-                    mesh.check_alive(clock)?;
+                    mesh.check_alive(clock, &missing)?;
                     clock.check(&missing)?;
                 }
             }
