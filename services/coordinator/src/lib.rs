@@ -1,0 +1,319 @@
+//! # drove-coordinator: the control plane of a drove job
+//!
+//! One gRPC server with three services (see `proto/drove/v1`):
+//!
+//! - **Rendezvous**: workers join a run id and wait until the world is complete;
+//!   each gets its rank, local rank and the peer table. A key-value slot per run
+//!   carries opaque bytes such as the NCCL unique id.
+//! - **Weights**: rank 0 (or a file) publishes the initial weights as a stream of
+//!   chunks with a sha256; the others stream them down. Blobs are files in the
+//!   store, visible only once complete and verified.
+//! - **Metrics**: ranks stream points; clients query them aggregated across ranks
+//!   or raw, and watch them while the job runs.
+//!
+//! Plus gRPC health and reflection. Everything durable (runs, blob metadata,
+//! metric points) is in an embedded SQLite database in WAL mode, so a coordinator
+//! that is killed and restarted on the same store has every point it
+//! acknowledged. A bearer token, when configured, guards every drove call and
+//! reflection (health stays open for orchestrators' probes). TLS is optional.
+//!
+//! Configuration: defaults < TOML file < `DROVE_*` environment < flags ([`Config`]).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = drove_coordinator::Config { listen: "127.0.0.1:0".parse()?, ..Default::default() };
+//! let server = drove_coordinator::start(&config).await?;
+//! println!("coordinator on {}", server.addr());
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod metrics;
+mod rendezvous;
+pub mod store;
+mod validate;
+mod weights;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use drove_proto::v1::metrics_server::MetricsServer;
+use drove_proto::v1::rendezvous_server::RendezvousServer;
+use drove_proto::v1::weights_server::WeightsServer;
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use tonic::service::interceptor::InterceptedService;
+use tonic::{Request, Status};
+
+pub use metrics::MetricsService;
+pub use rendezvous::RendezvousService;
+pub use weights::WeightsService;
+
+/// Coordinator settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Folder of the embedded store (created if missing).
+    pub store: PathBuf,
+    /// Bearer token every call must carry; none: no authentication.
+    pub token: Option<String>,
+    /// TLS certificate chain (PEM); with `tls_key`, serves TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// How long a join waits for its world by default, in milliseconds.
+    pub join_timeout_ms: u64,
+    /// Largest blob chunk accepted, in bytes.
+    pub max_chunk_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            store: PathBuf::from("drove-store"),
+            token: None,
+            tls_cert: None,
+            tls_key: None,
+            join_timeout_ms: 60_000,
+            max_chunk_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Settings given as command-line flags (absent ones leave lower layers alone).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Overrides {
+    /// `--listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// `--store`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<PathBuf>,
+    /// `--token`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// `--tls-cert`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// `--join-timeout-ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub join_timeout_ms: Option<u64>,
+}
+
+/// Environment variables read, after the `DROVE_` prefix.
+const ENV_KEYS: &[&str] = &["listen", "store", "token", "tls_cert", "tls_key", "join_timeout_ms", "max_chunk_bytes"];
+
+impl Config {
+    /// Defaults < `file` (TOML, if given) < `DROVE_*` environment < `flags`.
+    pub fn load(file: Option<&Path>, flags: &Overrides) -> Result<Config, Box<figment::Error>> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(file) = file {
+            fig = fig.merge(Toml::file_exact(file));
+        }
+        fig = fig.merge(Env::prefixed("DROVE_").only(ENV_KEYS)).merge(Serialized::defaults(flags));
+        let config: Config = fig.extract().map_err(Box::new)?;
+        Ok(config)
+    }
+}
+
+/// A coordinator that cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The store could not be opened.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// TLS is misconfigured.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The reflection service could not be built.
+    #[error("reflection: {0}")]
+    Reflection(String),
+}
+
+/// Checks the bearer token.
+#[derive(Clone)]
+struct Auth(Option<Arc<str>>);
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else { return Ok(req) };
+        let given = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+        let expected = format!("Bearer {token}");
+        // Constant-time comparison: no early exit on the first differing byte.
+        let same = given.len() == expected.len()
+            && given.bytes().zip(expected.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        if same {
+            Ok(req)
+        } else if given.is_empty() {
+            Err(Status::unauthenticated("this coordinator requires a bearer token (authorization: Bearer TOKEN)"))
+        } else {
+            Err(Status::unauthenticated("the bearer token is wrong"))
+        }
+    }
+}
+
+/// A running coordinator.
+pub struct Server {
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Server {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting calls, lets running ones finish, and waits.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+
+    /// Waits until the server stops (on error).
+    pub async fn wait(self) -> Result<(), tonic::transport::Error> {
+        match self.task.await {
+            Ok(r) => r,
+            Err(e) => panic!("the coordinator task panicked: {e}"),
+        }
+    }
+}
+
+/// Opens the store, binds, and serves in a background task.
+pub async fn start(config: &Config) -> Result<Server, StartError> {
+    let store = store::Store::open(&config.store)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Bind { addr: config.listen, source })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: config.listen, source })?;
+    let auth = Auth(config.token.as_deref().map(Arc::from));
+    let max_message = config.max_chunk_bytes + (1 << 20);
+
+    let rendezvous = RendezvousServer::new(RendezvousService::new(
+        store.clone(),
+        Duration::from_millis(config.join_timeout_ms),
+    ));
+    let weights = WeightsServer::new(WeightsService::new(store.clone(), config.max_chunk_bytes))
+        .max_decoding_message_size(max_message)
+        .max_encoding_message_size(max_message);
+    let metrics = MetricsServer::new(MetricsService::new(store.clone())).max_decoding_message_size(64 << 20);
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(drove_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| StartError::Reflection(e.to_string()))?;
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<RendezvousServer<RendezvousService>>().await;
+    health_reporter.set_serving::<WeightsServer<WeightsService>>().await;
+    health_reporter.set_serving::<MetricsServer<MetricsService>>().await;
+
+    let mut builder = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(32 << 20))
+        .tcp_nodelay(true);
+    match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => {
+            let read = |p: &PathBuf| std::fs::read(p).map_err(|e| StartError::Tls(format!("{}: {e}", p.display())));
+            let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
+            builder = builder
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .map_err(|e| StartError::Tls(e.to_string()))?;
+        }
+        (None, None) => {}
+        _ => return Err(StartError::Tls("tls_cert and tls_key must be given together".into())),
+    }
+    let router = builder
+        .add_service(health)
+        .add_service(InterceptedService::new(reflection, auth.clone()))
+        .add_service(InterceptedService::new(rendezvous, auth.clone()))
+        .add_service(InterceptedService::new(weights, auth.clone()))
+        .add_service(InterceptedService::new(metrics, auth));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let task = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = rx.await;
+            })
+            .await
+    });
+    tracing::info!(%addr, store = %config.store.display(), auth = config.token.is_some(), "coordinator serving");
+    Ok(Server { addr, shutdown: Some(tx), task })
+}
+
+/// Command-line flags of `drove-coordinator` and `drove coordinator`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Flags {
+    /// Address to listen on, e.g. 0.0.0.0:50051 (port 0: any free port).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Folder of the embedded store.
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// Bearer token every call must carry.
+    #[arg(long)]
+    pub token: Option<String>,
+    /// TOML configuration file.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// TLS certificate chain (PEM).
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// Default time a join waits for its world, in milliseconds.
+    #[arg(long)]
+    pub join_timeout_ms: Option<u64>,
+}
+
+impl Flags {
+    /// The configuration these flags select (defaults < file < env < flags).
+    pub fn config(&self) -> Result<Config, Box<figment::Error>> {
+        let overrides = Overrides {
+            listen: self.listen,
+            store: self.store.clone(),
+            token: self.token.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            join_timeout_ms: self.join_timeout_ms,
+        };
+        Config::load(self.config.as_deref(), &overrides)
+    }
+}
+
+/// Serves until SIGINT or SIGTERM, printing `listening on ADDR` on stdout first.
+pub async fn serve_until_signal(config: &Config) -> Result<(), StartError> {
+    let server = start(config).await?;
+    println!("drove-coordinator listening on {}", server.addr());
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| StartError::Bind { addr: server.addr(), source })?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,283 @@
+//! The Rendezvous service: runs fill up with workers, who get ranks and the peer
+//! table once the world is complete.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drove_proto::v1::rendezvous_server::Rendezvous;
+use drove_proto::v1::{
+    GetKeyRequest, GetKeyResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest,
+    LeaveResponse, Peer, PutKeyRequest, PutKeyResponse,
+};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::store::Store;
+use crate::validate::{check_run_id, internal};
+
+#[derive(Clone, Debug)]
+struct Member {
+    address: String,
+    host: String,
+}
+
+struct Run {
+    world_size: usize,
+    members: Vec<Option<Member>>,
+    /// Bumped on every membership change; waiters re-check on change.
+    changed: watch::Sender<u64>,
+    state: &'static str,
+    left: Vec<bool>,
+    failed: bool,
+    kv: HashMap<String, Vec<u8>>,
+    kv_changed: watch::Sender<u64>,
+}
+
+impl Run {
+    fn new(world_size: usize) -> Run {
+        Run {
+            world_size,
+            members: vec![None; world_size],
+            changed: watch::channel(0).0,
+            state: "rendezvous",
+            left: vec![false; world_size],
+            failed: false,
+            kv: HashMap::new(),
+            kv_changed: watch::channel(0).0,
+        }
+    }
+
+    fn joined(&self) -> usize {
+        self.members.iter().filter(|m| m.is_some()).count()
+    }
+
+    fn peers(&self) -> Option<Vec<Peer>> {
+        let members: Vec<&Member> = self.members.iter().map(Option::as_ref).collect::<Option<_>>()?;
+        let mut per_host: HashMap<&str, i32> = HashMap::new();
+        Some(
+            members
+                .iter()
+                .enumerate()
+                .map(|(rank, m)| {
+                    let local = per_host.entry(m.host.as_str()).or_insert(0);
+                    let p = Peer { rank: rank as i32, address: m.address.clone(), host: m.host.clone(), local_rank: *local };
+                    *local += 1;
+                    p
+                })
+                .collect(),
+        )
+    }
+}
+
+/// Shared rendezvous state.
+#[derive(Clone)]
+pub struct RendezvousService {
+    runs: Arc<Mutex<HashMap<String, Run>>>,
+    store: Store,
+    default_timeout: Duration,
+}
+
+impl RendezvousService {
+    /// A service persisting run states in `store`; joins wait `default_timeout`
+    /// unless the request says otherwise.
+    pub fn new(store: Store, default_timeout: Duration) -> Self {
+        RendezvousService { runs: Arc::new(Mutex::new(HashMap::new())), store, default_timeout }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Run>> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn persist(&self, run_id: &str, state: &str, world: usize, joined: usize) -> Result<(), Status> {
+        self.store.upsert_run(run_id, state, world as i32, joined as i32).map_err(internal)
+    }
+
+    fn rank_of(req_rank: i32, world: usize, field: &str) -> Result<usize, Status> {
+        if req_rank < 0 || req_rank as usize >= world {
+            return Err(Status::invalid_argument(format!("{field} {req_rank} is out of range for world size {world}")));
+        }
+        Ok(req_rank as usize)
+    }
+}
+
+#[tonic::async_trait]
+impl Rendezvous for RendezvousService {
+    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        let req = request.into_inner();
+        check_run_id(&req.run_id, "run_id")?;
+        if req.world_size <= 0 {
+            return Err(Status::invalid_argument(format!("world_size must be at least 1, found {}", req.world_size)));
+        }
+        if req.address.is_empty() {
+            return Err(Status::invalid_argument("address must be the worker's data-plane host:port, found empty"));
+        }
+        if req.timeout_ms < 0 {
+            return Err(Status::invalid_argument(format!("timeout_ms must be >= 0, found {}", req.timeout_ms)));
+        }
+        let world = req.world_size as usize;
+        let timeout = if req.timeout_ms == 0 { self.default_timeout } else { Duration::from_millis(req.timeout_ms as u64) };
+        let member = Member { address: req.address.clone(), host: req.host.clone() };
+        let (rank, mut changed, persist) = {
+            let mut runs = self.lock();
+            let run = runs.entry(req.run_id.clone()).or_insert_with(|| Run::new(world));
+            if matches!(run.state, "finished" | "failed") {
+                *run = Run::new(world); // a finished run id may rendezvous again (a resumed job)
+            }
+            if run.world_size != world {
+                return Err(Status::invalid_argument(format!(
+                    "world_size {world} disagrees with run {:?}, which expects {} workers",
+                    req.run_id, run.world_size
+                )));
+            }
+            if run.joined() == world {
+                return Err(Status::failed_precondition(format!(
+                    "run {:?} is full: {world} of {world} workers already joined",
+                    req.run_id
+                )));
+            }
+            let rank = if req.requested_rank >= 0 {
+                let r = Self::rank_of(req.requested_rank, world, "requested_rank")?;
+                if run.members[r].is_some() {
+                    return Err(Status::already_exists(format!("run {:?}: rank {r} is already taken", req.run_id)));
+                }
+                r
+            } else {
+                run.members.iter().position(Option::is_none).expect("a free rank in a run that is not full")
+            };
+            run.members[rank] = Some(member);
+            let joined = run.joined();
+            if joined == world {
+                run.state = "running";
+            }
+            run.changed.send_modify(|v| *v += 1);
+            (rank, run.changed.subscribe(), (run.state, joined))
+        };
+        self.persist(&req.run_id, persist.0, world, persist.1)?;
+        let wait = async {
+            loop {
+                {
+                    let runs = self.lock();
+                    if let Some(peers) = runs.get(&req.run_id).and_then(Run::peers) {
+                        return Ok(peers);
+                    }
+                }
+                if changed.changed().await.is_err() {
+                    return Err(Status::aborted(format!("run {:?} was reset while waiting", req.run_id)));
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(peers)) => Ok(Response::new(JoinResponse {
+                rank: rank as i32,
+                local_rank: peers[rank].local_rank,
+                world_size: world as i32,
+                peers,
+            })),
+            Ok(Err(status)) => Err(status),
+            Err(_) => {
+                // Leave the run again, so a retry (or another worker) can take the place.
+                let (joined, ranks) = {
+                    let mut runs = self.lock();
+                    let run = runs.get_mut(&req.run_id).expect("runs are never removed");
+                    if run.members[rank].as_ref().is_some_and(|m| m.address == req.address) && run.state == "rendezvous" {
+                        run.members[rank] = None;
+                        run.changed.send_modify(|v| *v += 1);
+                    }
+                    let ranks: Vec<usize> = (0..world).filter(|&r| run.members[r].is_some()).collect();
+                    (run.joined(), ranks)
+                };
+                let _ = self.persist(&req.run_id, "rendezvous", world, joined);
+                Err(Status::deadline_exceeded(format!(
+                    "run {:?}: the world did not fill within {:.1?}: only {} of {world} workers joined (ranks {:?} still waiting besides this one)",
+                    req.run_id,
+                    timeout,
+                    joined + 1,
+                    ranks
+                )))
+            }
+        }
+    }
+
+    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        let req = request.into_inner();
+        check_run_id(&req.run_id, "run_id")?;
+        let runs = self.lock();
+        let run = runs.get(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+        Self::rank_of(req.rank, run.world_size, "rank")?;
+        Ok(Response::new(HeartbeatResponse { state: run.state.to_string() }))
+    }
+
+    async fn leave(&self, request: Request<LeaveRequest>) -> Result<Response<LeaveResponse>, Status> {
+        let req = request.into_inner();
+        check_run_id(&req.run_id, "run_id")?;
+        let (state, world, joined) = {
+            let mut runs = self.lock();
+            let run = runs.get_mut(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+            let rank = Self::rank_of(req.rank, run.world_size, "rank")?;
+            run.left[rank] = true;
+            if !req.error.is_empty() {
+                run.failed = true;
+                tracing::warn!(run = %req.run_id, rank, error = %req.error, "worker left with an error");
+            }
+            if run.left.iter().all(|&l| l) {
+                run.state = if run.failed { "failed" } else { "finished" };
+            } else if run.failed {
+                run.state = "failed";
+            }
+            (run.state, run.world_size, run.joined())
+        };
+        self.persist(&req.run_id, state, world, joined)?;
+        Ok(Response::new(LeaveResponse {}))
+    }
+
+    async fn put_key(&self, request: Request<PutKeyRequest>) -> Result<Response<PutKeyResponse>, Status> {
+        let req = request.into_inner();
+        check_run_id(&req.run_id, "run_id")?;
+        if req.key.is_empty() {
+            return Err(Status::invalid_argument("key must not be empty"));
+        }
+        if req.value.len() > 1 << 20 {
+            return Err(Status::invalid_argument(format!("value of {} bytes exceeds the 1 MiB limit", req.value.len())));
+        }
+        let mut runs = self.lock();
+        let run = runs.get_mut(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+        run.kv.insert(req.key, req.value);
+        run.kv_changed.send_modify(|v| *v += 1);
+        Ok(Response::new(PutKeyResponse {}))
+    }
+
+    async fn get_key(&self, request: Request<GetKeyRequest>) -> Result<Response<GetKeyResponse>, Status> {
+        let req = request.into_inner();
+        check_run_id(&req.run_id, "run_id")?;
+        if req.wait_ms < 0 {
+            return Err(Status::invalid_argument(format!("wait_ms must be >= 0, found {}", req.wait_ms)));
+        }
+        let mut changed = {
+            let runs = self.lock();
+            let run = runs.get(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+            if let Some(v) = run.kv.get(&req.key) {
+                return Ok(Response::new(GetKeyResponse { value: v.clone() }));
+            }
+            run.kv_changed.subscribe()
+        };
+        let wait = async {
+            loop {
+                if changed.changed().await.is_err() {
+                    return None;
+                }
+                let runs = self.lock();
+                if let Some(v) = runs.get(&req.run_id).and_then(|r| r.kv.get(&req.key)) {
+                    return Some(v.clone());
+                }
+            }
+        };
+        match tokio::time::timeout(Duration::from_millis(req.wait_ms as u64), wait).await {
+            Ok(Some(value)) => Ok(Response::new(GetKeyResponse { value })),
+            _ => Err(Status::not_found(format!(
+                "run {:?} has no key {:?} (waited {} ms)",
+                req.run_id, req.key, req.wait_ms
+            ))),
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The embedded store: SQLite (WAL) holding runs, blob metadata and metric points,
+//! and a folder of blob files. A point is acknowledged only after its batch's
+//! transaction commits, so a killed coordinator loses nothing it acknowledged.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// A store that cannot be opened or used.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite failed.
+    #[error("store {path}: {source}")]
+    Sql {
+        /// The database file.
+        path: PathBuf,
+        /// The cause.
+        source: rusqlite::Error,
+    },
+    /// The file system failed.
+    #[error("store {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A metric point as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Point {
+    /// Row id: increases with every point stored.
+    pub id: i64,
+    /// Run.
+    pub run_id: String,
+    /// Rank.
+    pub rank: i32,
+    /// Step.
+    pub step: f64,
+    /// Name.
+    pub name: String,
+    /// Value.
+    pub value: f64,
+    /// Unix milliseconds.
+    pub wall_ms: i64,
+}
+
+/// A run as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunRow {
+    /// Run.
+    pub run_id: String,
+    /// State.
+    pub state: String,
+    /// Expected workers.
+    pub world_size: i32,
+    /// Joined workers.
+    pub joined: i32,
+    /// Points stored.
+    pub points: u64,
+    /// First seen.
+    pub created_ms: i64,
+    /// Last change.
+    pub updated_ms: i64,
+}
+
+/// A blob's metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlobRow {
+    /// Name.
+    pub name: String,
+    /// Size.
+    pub size: u64,
+    /// sha256 hex.
+    pub sha256: String,
+    /// Unix milliseconds.
+    pub created_ms: i64,
+}
+
+/// How to filter points.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// Run.
+    pub run_id: String,
+    /// Metric name, if only one.
+    pub name: Option<String>,
+    /// Lowest step.
+    pub min_step: Option<f64>,
+    /// Highest step.
+    pub max_step: Option<f64>,
+    /// Only points with a larger id.
+    pub after_id: Option<i64>,
+}
+
+/// Aggregation across ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Agg {
+    /// Mean.
+    Mean,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Sum.
+    Sum,
+    /// Count.
+    Count,
+}
+
+/// One aggregated row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AggRow {
+    /// Name.
+    pub name: String,
+    /// Step.
+    pub step: f64,
+    /// Aggregate.
+    pub value: f64,
+    /// Points aggregated.
+    pub count: u32,
+    /// Latest wall time.
+    pub wall_ms: i64,
+}
+
+/// The store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+    db: PathBuf,
+    blobs: PathBuf,
+}
+
+/// Now, in Unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Store {
+    /// Opens (creating if needed) the store in folder `dir`.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StoreError::Io { path, source }
+        };
+        let blobs = dir.join("blobs");
+        std::fs::create_dir_all(&blobs).map_err(io(&blobs))?;
+        let db = dir.join("coordinator.db");
+        let sql = |source| StoreError::Sql { path: db.clone(), source };
+        let conn = Connection::open(&db).map_err(sql)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=NORMAL;
+             CREATE TABLE IF NOT EXISTS runs(
+                 run_id TEXT PRIMARY KEY, state TEXT NOT NULL, world_size INTEGER NOT NULL,
+                 joined INTEGER NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS points(
+                 id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, rank INTEGER NOT NULL, step REAL NOT NULL,
+                 name TEXT NOT NULL, value REAL NOT NULL, wall_ms INTEGER NOT NULL);
+             CREATE INDEX IF NOT EXISTS points_by_run ON points(run_id, name, step);
+             CREATE TABLE IF NOT EXISTS blobs(
+                 name TEXT PRIMARY KEY, size INTEGER NOT NULL, sha256 TEXT NOT NULL, created_ms INTEGER NOT NULL);",
+        )
+        .map_err(sql)?;
+        // Leftovers of publishes interrupted by a crash are never visible: remove them.
+        if let Ok(entries) = std::fs::read_dir(&blobs) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(".partial-") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        Ok(Store { conn: Arc::new(Mutex::new(conn)), db, blobs })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn sql(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+        |source| StoreError::Sql { path: self.db.clone(), source }
+    }
+
+    /// The folder of blob files.
+    pub fn blob_dir(&self) -> &Path {
+        &self.blobs
+    }
+
+    /// Where a blob's bytes live: a name-derived file name, so any blob name is safe.
+    pub fn blob_path(&self, name: &str) -> PathBuf {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(name.as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        self.blobs.join(hex)
+    }
+
+    /// Records or updates a run.
+    pub fn upsert_run(&self, run_id: &str, state: &str, world_size: i32, joined: i32) -> Result<(), StoreError> {
+        let now = now_ms();
+        self.lock()
+            .execute(
+                "INSERT INTO runs(run_id, state, world_size, joined, created_ms, updated_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+                 ON CONFLICT(run_id) DO UPDATE SET state = ?2, world_size = ?3, joined = ?4, updated_ms = ?5",
+                params![run_id, state, world_size, joined, now],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Stores a batch of points in one transaction; returns them with their ids.
+    pub fn insert_points(&self, points: Vec<Point>) -> Result<Vec<Point>, StoreError> {
+        self.insert_points_then(points, |_| {})
+    }
+
+    /// As [`Store::insert_points`], calling `committed` before other writers may
+    /// commit, so that what it publishes is in id order.
+    pub fn insert_points_then(
+        &self,
+        points: Vec<Point>,
+        committed: impl FnOnce(&[Point]),
+    ) -> Result<Vec<Point>, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction().map_err(self.sql())?;
+        let mut out = Vec::with_capacity(points.len());
+        {
+            let mut stmt = tx
+                .prepare_cached("INSERT INTO points(run_id, rank, step, name, value, wall_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
+                .map_err(self.sql())?;
+            for mut p in points {
+                stmt.execute(params![p.run_id, p.rank, p.step, p.name, p.value, p.wall_ms]).map_err(self.sql())?;
+                p.id = tx.last_insert_rowid();
+                out.push(p);
+            }
+        }
+        tx.commit().map_err(self.sql())?;
+        committed(&out);
+        Ok(out)
+    }
+
+    fn where_clause(f: &Filter) -> (String, Vec<rusqlite::types::Value>) {
+        use rusqlite::types::Value;
+        let mut sql = String::from(" WHERE run_id = ?");
+        let mut args = vec![Value::Text(f.run_id.clone())];
+        if let Some(n) = &f.name {
+            sql.push_str(" AND name = ?");
+            args.push(Value::Text(n.clone()));
+        }
+        if let Some(s) = f.min_step {
+            sql.push_str(" AND step >= ?");
+            args.push(Value::Real(s));
+        }
+        if let Some(s) = f.max_step {
+            sql.push_str(" AND step <= ?");
+            args.push(Value::Real(s));
+        }
+        if let Some(id) = f.after_id {
+            sql.push_str(" AND id > ?");
+            args.push(Value::Integer(id));
+        }
+        (sql, args)
+    }
+
+    /// Raw points, ordered by id when `by_id`, else by name, step, rank.
+    pub fn points(&self, f: &Filter, by_id: bool) -> Result<Vec<Point>, StoreError> {
+        let (clause, args) = Self::where_clause(f);
+        let order = if by_id { " ORDER BY id" } else { " ORDER BY name, step, rank, id" };
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(&format!("SELECT id, run_id, rank, step, name, value, wall_ms FROM points{clause}{order}"))
+            .map_err(self.sql())?;
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(args), |r| {
+                Ok(Point {
+                    id: r.get(0)?,
+                    run_id: r.get(1)?,
+                    rank: r.get(2)?,
+                    step: r.get(3)?,
+                    name: r.get(4)?,
+                    value: r.get(5)?,
+                    wall_ms: r.get(6)?,
+                })
+            })
+            .map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
+    /// Points aggregated across ranks per (name, step).
+    pub fn aggregate(&self, f: &Filter, agg: Agg) -> Result<Vec<AggRow>, StoreError> {
+        let func = match agg {
+            Agg::Mean => "AVG(value)",
+            Agg::Min => "MIN(value)",
+            Agg::Max => "MAX(value)",
+            Agg::Sum => "SUM(value)",
+            Agg::Count => "COUNT(*)",
+        };
+        let (clause, args) = Self::where_clause(f);
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT name, step, {func}, COUNT(*), MAX(wall_ms) FROM points{clause} GROUP BY name, step ORDER BY name, step"
+            ))
+            .map_err(self.sql())?;
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(args), |r| {
+                Ok(AggRow { name: r.get(0)?, step: r.get(1)?, value: r.get(2)?, count: r.get(3)?, wall_ms: r.get(4)? })
+            })
+            .map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
+    /// The largest point id so far (0 if none).
+    pub fn max_point_id(&self) -> Result<i64, StoreError> {
+        self.lock().query_row("SELECT COALESCE(MAX(id), 0) FROM points", [], |r| r.get(0)).map_err(self.sql())
+    }
+
+    /// Every run: those that joined, and those that only recorded points.
+    pub fn runs(&self) -> Result<Vec<RunRow>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT r.run_id, r.state, r.world_size, r.joined, COALESCE(p.n, 0), r.created_ms, MAX(r.updated_ms, COALESCE(p.last, 0))
+                   FROM runs r LEFT JOIN (SELECT run_id, COUNT(*) n, MAX(wall_ms) last FROM points GROUP BY run_id) p
+                     ON p.run_id = r.run_id
+                 UNION ALL
+                 SELECT run_id, 'metrics-only', 0, 0, COUNT(*), MIN(wall_ms), MAX(wall_ms) FROM points
+                  WHERE run_id NOT IN (SELECT run_id FROM runs) GROUP BY run_id
+                 ORDER BY 6 DESC",
+            )
+            .map_err(self.sql())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(RunRow {
+                    run_id: r.get(0)?,
+                    state: r.get(1)?,
+                    world_size: r.get(2)?,
+                    joined: r.get(3)?,
+                    points: r.get::<_, i64>(4)? as u64,
+                    created_ms: r.get(5)?,
+                    updated_ms: r.get(6)?,
+                })
+            })
+            .map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
+    /// Records a published blob (its file is already in place).
+    pub fn put_blob(&self, b: &BlobRow) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "INSERT OR REPLACE INTO blobs(name, size, sha256, created_ms) VALUES (?1, ?2, ?3, ?4)",
+                params![b.name, b.size as i64, b.sha256, b.created_ms],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// A blob's metadata.
+    pub fn blob(&self, name: &str) -> Result<Option<BlobRow>, StoreError> {
+        self.lock()
+            .query_row("SELECT name, size, sha256, created_ms FROM blobs WHERE name = ?1", [name], |r| {
+                Ok(BlobRow { name: r.get(0)?, size: r.get::<_, i64>(1)? as u64, sha256: r.get(2)?, created_ms: r.get(3)? })
+            })
+            .optional()
+            .map_err(self.sql())
+    }
+
+    /// Every blob.
+    pub fn blobs(&self) -> Result<Vec<BlobRow>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT name, size, sha256, created_ms FROM blobs ORDER BY name").map_err(self.sql())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(BlobRow { name: r.get(0)?, size: r.get::<_, i64>(1)? as u64, sha256: r.get(2)?, created_ms: r.get(3)? })
+            })
+            .map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+}

@@ -1,0 +1,20 @@
+//! Request checks shared by the services; messages name the field at fault.
+
+use tonic::Status;
+
+/// A run id must be non-empty and at most 128 characters.
+pub fn check_run_id(run_id: &str, field: &str) -> Result<(), Status> {
+    if run_id.is_empty() {
+        return Err(Status::invalid_argument(format!("{field} must not be empty")));
+    }
+    if run_id.len() > 128 {
+        return Err(Status::invalid_argument(format!("{field} is {} characters long, more than 128", run_id.len())));
+    }
+    Ok(())
+}
+
+/// A store failure, reported without leaking internals beyond the message.
+pub fn internal(e: impl std::fmt::Display) -> Status {
+    tracing::error!("{e}");
+    Status::internal(e.to_string())
+}
