@@ -11,7 +11,7 @@ use crate::dtype::{Buffer, DType, ReduceOp, TensorMut, TensorRef, scale_bytes};
 use crate::engine::{Engine, Reduction, split};
 use crate::error::CommError;
 use crate::mesh::{Clock, Mesh};
-use crate::rendezvous::{FileRendezvous, Rendezvous, StaticRendezvous};
+use crate::rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
 use crate::shm::Shm;
 
 /// How an all-reduce or reduce-scatter combines values.
@@ -343,15 +343,18 @@ fn desc(kind: OpKind, name: &str, dtype: DType, shape: &[usize]) -> OpDesc {
 impl Communicator {
     /// Finds the other ranks through `rendezvous` and connects to them.
     pub fn connect(rendezvous: &dyn Rendezvous, opts: CommOptions) -> Result<Communicator, CommError> {
-        let (rank, world) = (rendezvous.rank(), rendezvous.world_size());
+        let world = rendezvous.world_size();
         let deadline = Instant::now() + opts.connect_timeout;
         let bind = rendezvous.bind_addr();
-        let listener = std::net::TcpListener::bind(bind)
-            .map_err(|e| CommError::io(format!("rank {rank}: binding {bind}"), e))?;
+        let listener =
+            std::net::TcpListener::bind(bind).map_err(|e| CommError::io(format!("binding {bind}"), e))?;
         let local = listener.local_addr().map_err(|e| CommError::io("reading the listener's address", e))?;
-        let addrs = rendezvous.exchange(local, deadline)?;
-        if addrs.len() != world {
-            return Err(CommError::Rendezvous(format!("got {} addresses for {world} ranks", addrs.len())));
+        let PeerTable { rank, addrs } = rendezvous.exchange(local, deadline)?;
+        if rank >= world || addrs.len() != world {
+            return Err(CommError::Rendezvous(format!(
+                "the rendezvous gave rank {rank} and {} addresses for world size {world}",
+                addrs.len()
+            )));
         }
         let mut mesh = Mesh::connect(rank, world, &listener, &addrs, deadline)?;
         drop(listener);
@@ -383,10 +386,16 @@ impl Communicator {
         Ok(Communicator { shared, jobs: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)) })
     }
 
-    /// Connects using the environment: `DROVE_RENDEZVOUS_DIR` (a shared
-    /// directory) if set, else `DROVE_PEERS`; options from [`CommOptions::from_env`].
+    /// Connects using the environment: `DROVE_COORDINATOR` (with the
+    /// `coordinator` feature) if set, else `DROVE_RENDEZVOUS_DIR` (a shared
+    /// directory), else `DROVE_PEERS` or `DROVE_PEERS_FILE`; options from
+    /// [`CommOptions::from_env`].
     pub fn from_env() -> Result<Communicator, CommError> {
         let opts = CommOptions::from_env()?;
+        #[cfg(feature = "coordinator")]
+        if std::env::var_os("DROVE_COORDINATOR").is_some() {
+            return Self::connect(&crate::coordinator::CoordinatorRendezvous::from_env()?, opts);
+        }
         if std::env::var_os("DROVE_RENDEZVOUS_DIR").is_some() {
             Self::connect(&FileRendezvous::from_env()?, opts)
         } else {

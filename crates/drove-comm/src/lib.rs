@@ -34,6 +34,8 @@
 #![deny(missing_docs)]
 
 mod comm;
+#[cfg(feature = "coordinator")]
+mod coordinator;
 mod desc;
 mod dtype;
 mod engine;
@@ -46,7 +48,9 @@ mod shm;
 pub use comm::{
     Collective, CommOptions, Communicator, Gathered, Pending, ReduceOptions, SingleProcess, Transport,
 };
+#[cfg(feature = "coordinator")]
+pub use coordinator::{CoordinatorRendezvous, MetricsRecorder};
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use error::CommError;
 pub use half::{bf16, f16};
-pub use rendezvous::{FileRendezvous, Rendezvous, StaticRendezvous};
+pub use rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};

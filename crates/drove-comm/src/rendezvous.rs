@@ -8,17 +8,24 @@ use std::time::{Duration, Instant};
 
 use crate::error::CommError;
 
+/// Every rank's data-plane address, and which one is this rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerTable {
+    /// This rank.
+    pub rank: usize,
+    /// Every rank's address, in rank order.
+    pub addrs: Vec<SocketAddr>,
+}
+
 /// Tells a rank who it is and where its peers listen.
 pub trait Rendezvous {
-    /// This rank.
-    fn rank(&self) -> usize;
     /// Number of ranks.
     fn world_size(&self) -> usize;
     /// Where this rank's data-plane listener binds (port 0: any free port).
     fn bind_addr(&self) -> SocketAddr;
-    /// Publishes this rank's listening address and returns every rank's, in rank
-    /// order, waiting at most until `deadline`.
-    fn exchange(&self, listening: SocketAddr, deadline: Instant) -> Result<Vec<SocketAddr>, CommError>;
+    /// Publishes this rank's listening address and returns the peer table,
+    /// waiting at most until `deadline`.
+    fn exchange(&self, listening: SocketAddr, deadline: Instant) -> Result<PeerTable, CommError>;
 }
 
 fn parse_usize(name: &str, value: Option<String>) -> Result<usize, CommError> {
@@ -94,17 +101,14 @@ impl StaticRendezvous {
 }
 
 impl Rendezvous for StaticRendezvous {
-    fn rank(&self) -> usize {
-        self.rank
-    }
     fn world_size(&self) -> usize {
         self.peers.len()
     }
     fn bind_addr(&self) -> SocketAddr {
         self.peers[self.rank]
     }
-    fn exchange(&self, _listening: SocketAddr, _deadline: Instant) -> Result<Vec<SocketAddr>, CommError> {
-        Ok(self.peers.clone())
+    fn exchange(&self, _listening: SocketAddr, _deadline: Instant) -> Result<PeerTable, CommError> {
+        Ok(PeerTable { rank: self.rank, addrs: self.peers.clone() })
     }
 }
 
@@ -142,16 +146,13 @@ impl FileRendezvous {
 }
 
 impl Rendezvous for FileRendezvous {
-    fn rank(&self) -> usize {
-        self.rank
-    }
     fn world_size(&self) -> usize {
         self.world
     }
     fn bind_addr(&self) -> SocketAddr {
         self.bind
     }
-    fn exchange(&self, listening: SocketAddr, deadline: Instant) -> Result<Vec<SocketAddr>, CommError> {
+    fn exchange(&self, listening: SocketAddr, deadline: Instant) -> Result<PeerTable, CommError> {
         let io = |what: String| move |e: std::io::Error| CommError::io(what, e);
         std::fs::create_dir_all(&self.dir).map_err(io(format!("creating {}", self.dir.display())))?;
         let file = |r: usize| self.dir.join(format!("rank-{r}.addr"));
@@ -174,7 +175,8 @@ impl Rendezvous for FileRendezvous {
             }
             let missing: Vec<usize> = (0..self.world).filter(|&r| addrs[r].is_none()).collect();
             if missing.is_empty() {
-                return Ok(addrs.into_iter().map(|a| a.expect("all present")).collect());
+                let addrs = addrs.into_iter().map(|a| a.expect("all present")).collect();
+                return Ok(PeerTable { rank: self.rank, addrs });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -69,8 +69,14 @@ pub mod client {
     }
 
     /// Connects to a coordinator.
-    pub async fn connect(addr: &str, token: Option<&str>) -> Result<Authed, Box<dyn std::error::Error + Send + Sync>> {
-        let channel = endpoint(addr)?.connect().await.map_err(|e| format!("connecting to the coordinator at {addr}: {e}"))?;
+    pub async fn connect(
+        addr: &str,
+        token: Option<&str>,
+    ) -> Result<Authed, Box<dyn std::error::Error + Send + Sync>> {
+        let channel = endpoint(addr)?
+            .connect()
+            .await
+            .map_err(|e| format!("connecting to the coordinator at {addr}: {e}"))?;
         Ok(InterceptedService::new(channel, Token::new(token)?))
     }
 
@@ -93,12 +99,16 @@ pub mod client {
                 weights: crate::v1::weights_client::WeightsClient::new(channel.clone())
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                metrics: crate::v1::metrics_client::MetricsClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES),
+                metrics: crate::v1::metrics_client::MetricsClient::new(channel)
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES),
             }
         }
 
         /// Connects and builds the clients.
-        pub async fn connect(addr: &str, token: Option<&str>) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        pub async fn connect(
+            addr: &str,
+            token: Option<&str>,
+        ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
             Ok(Self::new(connect(addr, token).await?))
         }
     }

@@ -43,8 +43,8 @@ use std::time::Duration;
 use drove_proto::v1::metrics_server::MetricsServer;
 use drove_proto::v1::rendezvous_server::RendezvousServer;
 use drove_proto::v1::weights_server::WeightsServer;
-use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
@@ -111,7 +111,8 @@ pub struct Overrides {
 }
 
 /// Environment variables read, after the `DROVE_` prefix.
-const ENV_KEYS: &[&str] = &["listen", "store", "token", "tls_cert", "tls_key", "join_timeout_ms", "max_chunk_bytes"];
+const ENV_KEYS: &[&str] =
+    &["listen", "store", "token", "tls_cert", "tls_key", "join_timeout_ms", "max_chunk_bytes"];
 
 impl Config {
     /// Defaults < `file` (TOML, if given) < `DROVE_*` environment < `flags`.
@@ -163,7 +164,9 @@ impl tonic::service::Interceptor for Auth {
         if same {
             Ok(req)
         } else if given.is_empty() {
-            Err(Status::unauthenticated("this coordinator requires a bearer token (authorization: Bearer TOKEN)"))
+            Err(Status::unauthenticated(
+                "this coordinator requires a bearer token (authorization: Bearer TOKEN)",
+            ))
         } else {
             Err(Status::unauthenticated("the bearer token is wrong"))
         }
@@ -234,7 +237,8 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
         .tcp_nodelay(true);
     match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => {
-            let read = |p: &PathBuf| std::fs::read(p).map_err(|e| StartError::Tls(format!("{}: {e}", p.display())));
+            let read =
+                |p: &PathBuf| std::fs::read(p).map_err(|e| StartError::Tls(format!("{}: {e}", p.display())));
             let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
             builder = builder
                 .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))

@@ -6,15 +6,15 @@ use std::pin::Pin;
 
 use drove_proto::v1::metrics_server::Metrics;
 use drove_proto::v1::{
-    Aggregation, ListRunsRequest, ListRunsResponse, MetricPoint, PushAck, PushRequest, QueryPoint, QueryRequest,
-    QueryResponse, RunInfo, WatchRequest,
+    Aggregation, ListRunsRequest, ListRunsResponse, MetricPoint, PushAck, PushRequest, QueryPoint,
+    QueryRequest, QueryResponse, RunInfo, WatchRequest,
 };
 use futures::Stream;
 use tokio::sync::broadcast;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::store::{now_ms, Agg, Filter, Point, Store};
+use crate::store::{Agg, Filter, Point, Store, now_ms};
 use crate::validate::{check_run_id, internal};
 
 /// Shared metrics state.
@@ -71,7 +71,12 @@ fn to_proto(p: &Point) -> MetricPoint {
     }
 }
 
-fn filter_of(run_id: &str, name: &str, min_step: Option<f64>, max_step: Option<f64>) -> Result<Filter, Status> {
+fn filter_of(
+    run_id: &str,
+    name: &str,
+    min_step: Option<f64>,
+    max_step: Option<f64>,
+) -> Result<Filter, Status> {
     check_run_id(run_id, "run_id")?;
     for (field, v) in [("min_step", min_step), ("max_step", max_step)] {
         if v.is_some_and(|s| s.is_nan()) {
@@ -94,7 +99,10 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<MetricPoint, Status>> + Send
 impl Metrics for MetricsService {
     type PushStream = PushStream;
 
-    async fn push(&self, request: Request<Streaming<PushRequest>>) -> Result<Response<Self::PushStream>, Status> {
+    async fn push(
+        &self,
+        request: Request<Streaming<PushRequest>>,
+    ) -> Result<Response<Self::PushStream>, Status> {
         let mut input = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<PushAck, Status>>(16);
         let store = self.store.clone();
@@ -110,13 +118,14 @@ impl Metrics for MetricsService {
                     }
                 };
                 let arrival = now_ms();
-                let points = match batch.points.iter().enumerate().map(|(i, p)| to_point(p, i, arrival)).collect() {
-                    Ok(points) => points,
-                    Err(status) => {
-                        let _ = tx.send(Err(status)).await;
-                        return;
-                    }
-                };
+                let points =
+                    match batch.points.iter().enumerate().map(|(i, p)| to_point(p, i, arrival)).collect() {
+                        Ok(points) => points,
+                        Err(status) => {
+                            let _ = tx.send(Err(status)).await;
+                            return;
+                        }
+                    };
                 let store = store.clone();
                 let feed = new_points.clone();
                 let result = tokio::task::spawn_blocking(move || {
@@ -157,7 +166,12 @@ impl Metrics for MetricsService {
             Ok(Aggregation::Max) => Some(Agg::Max),
             Ok(Aggregation::Sum) => Some(Agg::Sum),
             Ok(Aggregation::Count) => Some(Agg::Count),
-            Err(_) => return Err(Status::invalid_argument(format!("aggregation {} is not a known value", req.aggregation))),
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "aggregation {} is not a known value",
+                    req.aggregation
+                )));
+            }
         };
         let store = self.store.clone();
         let points = tokio::task::spawn_blocking(move || match agg {
@@ -257,9 +271,13 @@ impl Metrics for MetricsService {
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
-    async fn list_runs(&self, _request: Request<ListRunsRequest>) -> Result<Response<ListRunsResponse>, Status> {
+    async fn list_runs(
+        &self,
+        _request: Request<ListRunsRequest>,
+    ) -> Result<Response<ListRunsResponse>, Status> {
         let store = self.store.clone();
-        let runs = tokio::task::spawn_blocking(move || store.runs()).await.map_err(internal)?.map_err(internal)?;
+        let runs =
+            tokio::task::spawn_blocking(move || store.runs()).await.map_err(internal)?.map_err(internal)?;
         let runs = runs
             .into_iter()
             .map(|r| RunInfo {

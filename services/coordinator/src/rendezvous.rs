@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use drove_proto::v1::rendezvous_server::Rendezvous;
 use drove_proto::v1::{
-    GetKeyRequest, GetKeyResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest,
-    LeaveResponse, Peer, PutKeyRequest, PutKeyResponse,
+    GetKeyRequest, GetKeyResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
+    LeaveRequest, LeaveResponse, Peer, PutKeyRequest, PutKeyResponse,
 };
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -61,7 +61,12 @@ impl Run {
                 .enumerate()
                 .map(|(rank, m)| {
                     let local = per_host.entry(m.host.as_str()).or_insert(0);
-                    let p = Peer { rank: rank as i32, address: m.address.clone(), host: m.host.clone(), local_rank: *local };
+                    let p = Peer {
+                        rank: rank as i32,
+                        address: m.address.clone(),
+                        host: m.host.clone(),
+                        local_rank: *local,
+                    };
                     *local += 1;
                     p
                 })
@@ -95,7 +100,9 @@ impl RendezvousService {
 
     fn rank_of(req_rank: i32, world: usize, field: &str) -> Result<usize, Status> {
         if req_rank < 0 || req_rank as usize >= world {
-            return Err(Status::invalid_argument(format!("{field} {req_rank} is out of range for world size {world}")));
+            return Err(Status::invalid_argument(format!(
+                "{field} {req_rank} is out of range for world size {world}"
+            )));
         }
         Ok(req_rank as usize)
     }
@@ -107,16 +114,28 @@ impl Rendezvous for RendezvousService {
         let req = request.into_inner();
         check_run_id(&req.run_id, "run_id")?;
         if req.world_size <= 0 {
-            return Err(Status::invalid_argument(format!("world_size must be at least 1, found {}", req.world_size)));
+            return Err(Status::invalid_argument(format!(
+                "world_size must be at least 1, found {}",
+                req.world_size
+            )));
         }
         if req.address.is_empty() {
-            return Err(Status::invalid_argument("address must be the worker's data-plane host:port, found empty"));
+            return Err(Status::invalid_argument(
+                "address must be the worker's data-plane host:port, found empty",
+            ));
         }
         if req.timeout_ms < 0 {
-            return Err(Status::invalid_argument(format!("timeout_ms must be >= 0, found {}", req.timeout_ms)));
+            return Err(Status::invalid_argument(format!(
+                "timeout_ms must be >= 0, found {}",
+                req.timeout_ms
+            )));
         }
         let world = req.world_size as usize;
-        let timeout = if req.timeout_ms == 0 { self.default_timeout } else { Duration::from_millis(req.timeout_ms as u64) };
+        let timeout = if req.timeout_ms == 0 {
+            self.default_timeout
+        } else {
+            Duration::from_millis(req.timeout_ms as u64)
+        };
         let member = Member { address: req.address.clone(), host: req.host.clone() };
         let (rank, mut changed, persist) = {
             let mut runs = self.lock();
@@ -139,7 +158,10 @@ impl Rendezvous for RendezvousService {
             let rank = if req.requested_rank >= 0 {
                 let r = Self::rank_of(req.requested_rank, world, "requested_rank")?;
                 if run.members[r].is_some() {
-                    return Err(Status::already_exists(format!("run {:?}: rank {r} is already taken", req.run_id)));
+                    return Err(Status::already_exists(format!(
+                        "run {:?}: rank {r} is already taken",
+                        req.run_id
+                    )));
                 }
                 r
             } else {
@@ -180,7 +202,9 @@ impl Rendezvous for RendezvousService {
                 let (joined, ranks) = {
                     let mut runs = self.lock();
                     let run = runs.get_mut(&req.run_id).expect("runs are never removed");
-                    if run.members[rank].as_ref().is_some_and(|m| m.address == req.address) && run.state == "rendezvous" {
+                    if run.members[rank].as_ref().is_some_and(|m| m.address == req.address)
+                        && run.state == "rendezvous"
+                    {
                         run.members[rank] = None;
                         run.changed.send_modify(|v| *v += 1);
                     }
@@ -199,11 +223,15 @@ impl Rendezvous for RendezvousService {
         }
     }
 
-    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
         let req = request.into_inner();
         check_run_id(&req.run_id, "run_id")?;
         let runs = self.lock();
-        let run = runs.get(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+        let run =
+            runs.get(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
         Self::rank_of(req.rank, run.world_size, "rank")?;
         Ok(Response::new(HeartbeatResponse { state: run.state.to_string() }))
     }
@@ -213,7 +241,9 @@ impl Rendezvous for RendezvousService {
         check_run_id(&req.run_id, "run_id")?;
         let (state, world, joined) = {
             let mut runs = self.lock();
-            let run = runs.get_mut(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+            let run = runs
+                .get_mut(&req.run_id)
+                .ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
             let rank = Self::rank_of(req.rank, run.world_size, "rank")?;
             run.left[rank] = true;
             if !req.error.is_empty() {
@@ -238,10 +268,14 @@ impl Rendezvous for RendezvousService {
             return Err(Status::invalid_argument("key must not be empty"));
         }
         if req.value.len() > 1 << 20 {
-            return Err(Status::invalid_argument(format!("value of {} bytes exceeds the 1 MiB limit", req.value.len())));
+            return Err(Status::invalid_argument(format!(
+                "value of {} bytes exceeds the 1 MiB limit",
+                req.value.len()
+            )));
         }
         let mut runs = self.lock();
-        let run = runs.get_mut(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+        let run =
+            runs.get_mut(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
         run.kv.insert(req.key, req.value);
         run.kv_changed.send_modify(|v| *v += 1);
         Ok(Response::new(PutKeyResponse {}))
@@ -255,7 +289,8 @@ impl Rendezvous for RendezvousService {
         }
         let mut changed = {
             let runs = self.lock();
-            let run = runs.get(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+            let run =
+                runs.get(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
             if let Some(v) = run.kv.get(&req.key) {
                 return Ok(Response::new(GetKeyResponse { value: v.clone() }));
             }

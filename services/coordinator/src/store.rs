@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension, params};
 
 /// A store that cannot be opened or used.
 #[derive(Debug, thiserror::Error)]
@@ -196,7 +196,13 @@ impl Store {
     }
 
     /// Records or updates a run.
-    pub fn upsert_run(&self, run_id: &str, state: &str, world_size: i32, joined: i32) -> Result<(), StoreError> {
+    pub fn upsert_run(
+        &self,
+        run_id: &str,
+        state: &str,
+        world_size: i32,
+        joined: i32,
+    ) -> Result<(), StoreError> {
         let now = now_ms();
         self.lock()
             .execute(
@@ -228,7 +234,8 @@ impl Store {
                 .prepare_cached("INSERT INTO points(run_id, rank, step, name, value, wall_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
                 .map_err(self.sql())?;
             for mut p in points {
-                stmt.execute(params![p.run_id, p.rank, p.step, p.name, p.value, p.wall_ms]).map_err(self.sql())?;
+                stmt.execute(params![p.run_id, p.rank, p.step, p.name, p.value, p.wall_ms])
+                    .map_err(self.sql())?;
                 p.id = tx.last_insert_rowid();
                 out.push(p);
             }
@@ -267,7 +274,9 @@ impl Store {
         let order = if by_id { " ORDER BY id" } else { " ORDER BY name, step, rank, id" };
         let conn = self.lock();
         let mut stmt = conn
-            .prepare(&format!("SELECT id, run_id, rank, step, name, value, wall_ms FROM points{clause}{order}"))
+            .prepare(&format!(
+                "SELECT id, run_id, rank, step, name, value, wall_ms FROM points{clause}{order}"
+            ))
             .map_err(self.sql())?;
         let rows = stmt
             .query_map(rusqlite::params_from_iter(args), |r| {
@@ -303,7 +312,13 @@ impl Store {
             .map_err(self.sql())?;
         let rows = stmt
             .query_map(rusqlite::params_from_iter(args), |r| {
-                Ok(AggRow { name: r.get(0)?, step: r.get(1)?, value: r.get(2)?, count: r.get(3)?, wall_ms: r.get(4)? })
+                Ok(AggRow {
+                    name: r.get(0)?,
+                    step: r.get(1)?,
+                    value: r.get(2)?,
+                    count: r.get(3)?,
+                    wall_ms: r.get(4)?,
+                })
             })
             .map_err(self.sql())?;
         rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
@@ -359,7 +374,12 @@ impl Store {
     pub fn blob(&self, name: &str) -> Result<Option<BlobRow>, StoreError> {
         self.lock()
             .query_row("SELECT name, size, sha256, created_ms FROM blobs WHERE name = ?1", [name], |r| {
-                Ok(BlobRow { name: r.get(0)?, size: r.get::<_, i64>(1)? as u64, sha256: r.get(2)?, created_ms: r.get(3)? })
+                Ok(BlobRow {
+                    name: r.get(0)?,
+                    size: r.get::<_, i64>(1)? as u64,
+                    sha256: r.get(2)?,
+                    created_ms: r.get(3)?,
+                })
             })
             .optional()
             .map_err(self.sql())
@@ -368,10 +388,17 @@ impl Store {
     /// Every blob.
     pub fn blobs(&self) -> Result<Vec<BlobRow>, StoreError> {
         let conn = self.lock();
-        let mut stmt = conn.prepare("SELECT name, size, sha256, created_ms FROM blobs ORDER BY name").map_err(self.sql())?;
+        let mut stmt = conn
+            .prepare("SELECT name, size, sha256, created_ms FROM blobs ORDER BY name")
+            .map_err(self.sql())?;
         let rows = stmt
             .query_map([], |r| {
-                Ok(BlobRow { name: r.get(0)?, size: r.get::<_, i64>(1)? as u64, sha256: r.get(2)?, created_ms: r.get(3)? })
+                Ok(BlobRow {
+                    name: r.get(0)?,
+                    size: r.get::<_, i64>(1)? as u64,
+                    sha256: r.get(2)?,
+                    created_ms: r.get(3)?,
+                })
             })
             .map_err(self.sql())?;
         rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())

@@ -8,7 +8,10 @@ pub fn check_run_id(run_id: &str, field: &str) -> Result<(), Status> {
         return Err(Status::invalid_argument(format!("{field} must not be empty")));
     }
     if run_id.len() > 128 {
-        return Err(Status::invalid_argument(format!("{field} is {} characters long, more than 128", run_id.len())));
+        return Err(Status::invalid_argument(format!(
+            "{field} is {} characters long, more than 128",
+            run_id.len()
+        )));
     }
     Ok(())
 }

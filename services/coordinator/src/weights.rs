@@ -6,13 +6,15 @@ use std::io::{Read, Write};
 use std::pin::Pin;
 
 use drove_proto::v1::weights_server::Weights;
-use drove_proto::v1::{BlobInfo, FetchChunk, FetchRequest, ListBlobsRequest, ListBlobsResponse, PublishChunk};
+use drove_proto::v1::{
+    BlobInfo, FetchChunk, FetchRequest, ListBlobsRequest, ListBlobsResponse, PublishChunk,
+};
 use futures::Stream;
 use sha2::{Digest, Sha256};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::store::{now_ms, BlobRow, Store};
+use crate::store::{BlobRow, Store, now_ms};
 use crate::validate::internal;
 
 /// Shared weights state.
@@ -31,10 +33,15 @@ impl WeightsService {
 
 fn check_name(name: &str) -> Result<(), Status> {
     if name.is_empty() || name.len() > 256 {
-        return Err(Status::invalid_argument(format!("header.name must be 1 to 256 characters, found {}", name.len())));
+        return Err(Status::invalid_argument(format!(
+            "header.name must be 1 to 256 characters, found {}",
+            name.len()
+        )));
     }
     if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || "._/-".contains(*c))) {
-        return Err(Status::invalid_argument(format!("header.name {name:?} contains {c:?}; allowed: A-Z a-z 0-9 . _ / -")));
+        return Err(Status::invalid_argument(format!(
+            "header.name {name:?} contains {c:?}; allowed: A-Z a-z 0-9 . _ / -"
+        )));
     }
     Ok(())
 }
@@ -67,11 +74,13 @@ type FetchStream = Pin<Box<dyn Stream<Item = Result<FetchChunk, Status>> + Send>
 impl Weights for WeightsService {
     async fn publish(&self, request: Request<Streaming<PublishChunk>>) -> Result<Response<BlobInfo>, Status> {
         let mut stream = request.into_inner();
-        let first = stream
-            .next()
-            .await
-            .ok_or_else(|| Status::invalid_argument("the stream carried no chunk; the first must hold the header"))??;
-        let header = first.header.clone().ok_or_else(|| Status::invalid_argument("the first chunk must carry header"))?;
+        let first = stream.next().await.ok_or_else(|| {
+            Status::invalid_argument("the stream carried no chunk; the first must hold the header")
+        })??;
+        let header = first
+            .header
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("the first chunk must carry header"))?;
         check_name(&header.name)?;
         let want_sha = header.sha256.to_ascii_lowercase();
         if want_sha.len() != 64 || !want_sha.chars().all(|c| c.is_ascii_hexdigit()) {
@@ -83,7 +92,10 @@ impl Weights for WeightsService {
         let final_path = self.store.blob_path(&header.name);
         let nonce = now_ms() ^ (std::process::id() as i64) << 20 ^ rand_suffix();
         let partial = Partial {
-            path: self.store.blob_dir().join(format!(".partial-{}-{nonce:x}", final_path.file_name().unwrap_or_default().to_string_lossy())),
+            path: self.store.blob_dir().join(format!(
+                ".partial-{}-{nonce:x}",
+                final_path.file_name().unwrap_or_default().to_string_lossy()
+            )),
             keep: false,
         };
         let mut file = std::fs::File::create(&partial.path).map_err(internal)?;
@@ -100,7 +112,9 @@ impl Weights for WeightsService {
                 },
             };
             if index > 0 && c.header.is_some() {
-                return Err(Status::invalid_argument(format!("chunk {index} carries a header; only the first may")));
+                return Err(Status::invalid_argument(format!(
+                    "chunk {index} carries a header; only the first may"
+                )));
             }
             if c.data.len() > self.max_chunk {
                 return Err(Status::invalid_argument(format!(
@@ -170,7 +184,10 @@ impl Weights for WeightsService {
                 let n = (left as usize).min(chunk);
                 let mut data = vec![0u8; n];
                 if let Err(e) = file.read_exact(&mut data) {
-                    let _ = tx.blocking_send(Err(Status::data_loss(format!("blob {:?} is unreadable: {e}", row.name))));
+                    let _ = tx.blocking_send(Err(Status::data_loss(format!(
+                        "blob {:?} is unreadable: {e}",
+                        row.name
+                    ))));
                     return;
                 }
                 left -= n as u64;
