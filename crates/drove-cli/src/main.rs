@@ -14,13 +14,23 @@
 //!   broadcast bandwidth per message size, beside a memory-copy baseline.
 //! - `drove seed` prints a stream key, its derived seed and the first outputs of
 //!   its stream, and replays a logged derived seed.
+//! - `drove coordinator` serves the control plane (rendezvous, weights, metrics);
+//!   `drove run --np N -- PROGRAM` launches N ranks of a program on this host
+//!   with a coordinator (in-process unless one is given), relaying their output
+//!   and stopping them all when one fails; `drove check` is a program to run
+//!   under it; `drove metrics` and `drove runs` query a coordinator;
+//!   `drove bench coordinator` measures one.
 //!
 //! Results go to stdout (one JSON object with `--json`); logs go to stderr,
 //! filtered by `RUST_LOG` (default `warn`).
 
 mod bench;
 mod bench_comm;
+mod bench_coord;
+mod check;
+mod control;
 mod diag;
+mod launch;
 mod seed;
 
 use std::io::IsTerminal as _;
@@ -53,6 +63,17 @@ enum Command {
     /// Print a stream key, its derived seed and its first outputs, or replay a
     /// derived seed.
     Seed(seed::SeedArgs),
+    /// Serve the control plane (rendezvous, weights, metrics) until SIGINT or SIGTERM.
+    Coordinator(drove_coordinator::Flags),
+    /// Launch N ranks of a program on this host: `drove run --np 4 -- PROGRAM ARGS...`.
+    Run(launch::RunArgs),
+    /// Join the other ranks, all-reduce the rank numbers and print the sum (run it
+    /// under `drove run`).
+    Check(check::CheckArgs),
+    /// Query a run's metric points (aggregated across ranks, or raw), or watch them.
+    Metrics(control::MetricsArgs),
+    /// List the runs a coordinator knows.
+    Runs(control::RunsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -70,10 +91,13 @@ enum BenchCommand {
     /// One rank of `bench allreduce` (started by it).
     #[command(hide = true)]
     AllreduceWorker(bench_comm::WorkerArgs),
+    /// A coordinator's rendezvous latency, metric ingest rate and blob bandwidth.
+    Coordinator(bench_coord::CoordinatorArgs),
 }
 
-fn init_tracing() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+/// Logs to stderr, filtered by `RUST_LOG`, else by `default`.
+fn init_tracing(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -81,21 +105,33 @@ fn init_tracing() {
         .init();
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Diag { what: DiagCommand::Masks(args) } => diag::run(&args),
-        Command::Bench { what: BenchCommand::Mask(args) } => bench::run(&args),
-        Command::Bench { what: BenchCommand::Allreduce(args) } => bench_comm::run(&args),
-        Command::Bench { what: BenchCommand::AllreduceWorker(args) } => bench_comm::worker(&args),
-        Command::Seed(args) => seed::run(&args),
+        Command::Diag { what: DiagCommand::Masks(args) } => done(diag::run(&args)),
+        Command::Bench { what: BenchCommand::Mask(args) } => done(bench::run(&args)),
+        Command::Bench { what: BenchCommand::Allreduce(args) } => done(bench_comm::run(&args)),
+        Command::Bench { what: BenchCommand::AllreduceWorker(args) } => done(bench_comm::worker(&args)),
+        Command::Bench { what: BenchCommand::Coordinator(args) } => done(bench_coord::run(&args)),
+        Command::Seed(args) => done(seed::run(&args)),
+        Command::Coordinator(flags) => done(control::serve(&flags)),
+        Command::Run(args) => launch::run(&args),
+        Command::Check(args) => check::run(&args),
+        Command::Metrics(args) => done(control::metrics(&args)),
+        Command::Runs(args) => done(control::runs(&args)),
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // The coordinator logs its calls, and `drove run` what it does with the ranks.
+    init_tracing(match cli.command {
+        Command::Coordinator(_) => "info",
+        Command::Run(_) => "warn,drove::launch=info,drove_coordinator=error",
+        _ => "warn",
+    });
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             // One line with the whole chain of causes, in clap's style.
             eprintln!("error: {e:#}");

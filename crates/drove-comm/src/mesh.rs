@@ -254,6 +254,23 @@ impl Mesh {
 
     /// Checks, without blocking, that no peer has hung up.
     pub fn check_alive(&self, clock: &Clock, waiting: &[usize]) -> Result<(), CommError> {
+        let dead = self.hung_up();
+        if dead.is_empty() { Ok(()) } else { Err(lost_while(clock, dead, waiting)) }
+    }
+
+    /// `peer` failed; every other peer that has hung up by now is named too (a
+    /// rank that died first may be noticed second, through a neighbour's exit).
+    fn lost(&self, clock: &Clock, peer: usize, what: &str) -> CommError {
+        let mut ranks = self.hung_up();
+        if !ranks.contains(&peer) {
+            ranks.push(peer);
+        }
+        ranks.sort_unstable();
+        CommError::PeerLost { op: clock.op.clone(), ranks, detail: what.to_string() }
+    }
+
+    /// Peers whose connection has hung up, checked without blocking.
+    fn hung_up(&self) -> Vec<usize> {
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut who = Vec::new();
         for (peer, s) in self.peers.iter().enumerate() {
@@ -262,24 +279,16 @@ impl Mesh {
                 who.push(peer);
             }
         }
-        // SAFETY: as in `wait`.
+        // SAFETY: `fds` is a valid array of pollfd for its length.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-        if n > 0 {
-            let dead: Vec<usize> = fds
-                .iter()
-                .zip(&who)
-                .filter(|(fd, _)| fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
-                .map(|(_, &p)| p)
-                .collect();
-            if !dead.is_empty() {
-                return Err(lost_while(clock, dead, waiting));
-            }
+        if n <= 0 {
+            return Vec::new();
         }
-        Ok(())
-    }
-
-    fn lost(&self, clock: &Clock, peer: usize, what: &str) -> CommError {
-        CommError::PeerLost { op: clock.op.clone(), ranks: vec![peer], detail: what.to_string() }
+        fds.iter()
+            .zip(&who)
+            .filter(|(fd, _)| fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
+            .map(|(_, &p)| p)
+            .collect()
     }
 
     /// Writes as much of `data` as the socket takes now; returns the count.

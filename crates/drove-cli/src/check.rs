@@ -1,0 +1,104 @@
+//! `drove check`: a small program to run under a launcher (`drove run --np 4 --
+//! drove check`). Each rank joins the others the way a trainer does
+//! (`Communicator::from_env`), all-reduces its rank, and prints
+//! `rank R of N: sum of ranks = S`.
+//!
+//! `--fail-with CODE --rank-to-fail R` makes rank R fail the way a rank that
+//! crashes during start-up does: with a coordinator (`DROVE_COORDINATOR`), it
+//! joins the run, advertising an address where nothing listens, and exits with
+//! CODE once the rendezvous is complete; without one, it exits before joining.
+//! Either way the other ranks wait to connect to it (up to the 60 s connect
+//! timeout) until the launcher stops them: a test of the launcher's failure
+//! handling. Joining first means the coordinator knows the run, so the launcher
+//! can mark it failed.
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use drove_comm::{Collective, Communicator, CoordinatorRendezvous, Element, ReduceOptions, Rendezvous};
+use serde_json::json;
+
+/// Settings of `drove check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Print one JSON object instead of a line.
+    #[arg(long)]
+    json: bool,
+    /// Make rank --rank-to-fail exit with this code during start-up, after the
+    /// rendezvous and before connecting (the others then wait for it until the
+    /// launcher stops them).
+    #[arg(long, value_name = "CODE", value_parser = clap::value_parser!(u8).range(1..))]
+    fail_with: Option<u8>,
+    /// The rank that fails with --fail-with.
+    #[arg(long, value_name = "R", default_value_t = 0, requires = "fail_with")]
+    rank_to_fail: usize,
+    /// First print `pid PID` (lets a test check that no rank outlives its launcher).
+    #[arg(long)]
+    print_pid: bool,
+}
+
+fn fail(code: u8, rank: usize) -> ExitCode {
+    eprintln!("rank {rank}: exiting with code {code} on purpose (--fail-with)");
+    ExitCode::from(code)
+}
+
+/// Joins the run on the coordinator with an address where nothing listens, and
+/// returns once every rank has joined.
+fn join_without_listening() -> anyhow::Result<()> {
+    let rendezvous = CoordinatorRendezvous::from_env().context("reading the coordinator settings")?;
+    // A port that was free a moment ago and is closed now: the others' dials are refused.
+    let probe = TcpListener::bind(SocketAddr::new(rendezvous.bind_addr().ip(), 0))
+        .context("finding a free port to advertise")?;
+    let closed = probe.local_addr().context("finding a free port to advertise")?;
+    drop(probe);
+    rendezvous.exchange(closed, Instant::now() + Duration::from_secs(60)).context("joining the run")?;
+    Ok(())
+}
+
+/// Runs one rank of the check.
+pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    if args.print_pid {
+        println!("pid {}", std::process::id());
+    }
+    // A launcher that assigns ranks says which this is before anyone joins.
+    let launcher_rank = std::env::var("DROVE_RANK").ok().and_then(|r| r.parse::<usize>().ok());
+    if let Some(code) = args.fail_with
+        && launcher_rank == Some(args.rank_to_fail)
+    {
+        if std::env::var_os("DROVE_COORDINATOR").is_some() {
+            join_without_listening()?;
+        }
+        return Ok(fail(code, args.rank_to_fail));
+    }
+    let comm = Communicator::from_env().context(
+        "joining the other ranks (drove check runs under a launcher: drove run --np 2 -- drove check)",
+    )?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    if let Some(code) = args.fail_with
+        && rank == args.rank_to_fail
+    {
+        return Ok(fail(code, rank));
+    }
+    let mut sum = [rank as i64];
+    comm.all_reduce("drove.check.ranks", &[1], i64::tensor_mut(&mut sum), ReduceOptions::sum())
+        .context("all-reducing the ranks")?;
+    let expected = (world * world.saturating_sub(1) / 2) as i64;
+    if sum[0] != expected {
+        bail!("the all-reduce of the ranks gave {}, expected {expected}", sum[0]);
+    }
+    if args.json {
+        let report = json!({
+            "rank": rank,
+            "world_size": world,
+            "sum": sum[0],
+            "transport": comm.transport(),
+        });
+        println!("{report}");
+    } else {
+        println!("rank {rank} of {world}: sum of ranks = {}", sum[0]);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,441 @@
+//! Talking to a coordinator: `drove coordinator` serves one; `drove metrics` and
+//! `drove runs` query one. Shared by `drove run` and `drove bench coordinator`:
+//! connecting with the bearer token, and turning a gRPC status into a one-line
+//! error that names the status code.
+
+use std::io::Write as _;
+
+use anyhow::{Context, anyhow, bail};
+use clap::Args;
+use drove_proto::client::{Clients, Token};
+use drove_proto::v1::{Aggregation, ListRunsRequest, MetricPoint, QueryRequest, WatchRequest};
+use serde_json::json;
+use tonic::Code;
+use tonic::service::interceptor::InterceptedService;
+
+/// A multi-threaded tokio runtime with I/O and timers.
+pub(crate) fn runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name(name)
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Connects to the coordinator at `addr` (`host:port` or a URL), with `token`
+/// (if any) on every call. The error names the address and the cause.
+pub(crate) async fn connect(addr: &str, token: Option<&str>) -> anyhow::Result<Clients> {
+    let endpoint = drove_proto::client::endpoint(addr)
+        .with_context(|| format!("{addr:?} is not a coordinator address (host:port or http://host:port)"))?;
+    let channel = endpoint.connect().await.map_err(|e| {
+        // The causes, without tonic's generic "transport error" and repeated layers.
+        let mut causes: Vec<String> = Vec::new();
+        let mut cause: Option<&dyn std::error::Error> = Some(&e);
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if text != "transport error" && causes.last() != Some(&text) {
+                causes.push(text);
+            }
+            cause = c.source();
+        }
+        anyhow!("cannot connect to the coordinator at {addr}: {}", causes.join(": "))
+    })?;
+    let token = Token::new(token).context("the token cannot be sent in an HTTP header")?;
+    Ok(Clients::new(InterceptedService::new(channel, token)))
+}
+
+/// A gRPC status as a one-line error naming its code, e.g.
+/// `the coordinator refused the call (Unauthenticated): the bearer token is wrong`.
+pub(crate) fn status_error(status: tonic::Status) -> anyhow::Error {
+    let code = status.code();
+    let what = match code {
+        Code::InvalidArgument
+        | Code::NotFound
+        | Code::AlreadyExists
+        | Code::PermissionDenied
+        | Code::FailedPrecondition
+        | Code::OutOfRange
+        | Code::Unimplemented
+        | Code::Unauthenticated => "the coordinator refused the call",
+        _ => "the call to the coordinator failed",
+    };
+    match status.message() {
+        "" => anyhow!("{what} ({code:?})"),
+        message => anyhow!("{what} ({code:?}): {message}"),
+    }
+}
+
+/// Which coordinator to talk to, and how.
+#[derive(Debug, Args)]
+pub struct Target {
+    /// Coordinator address, host:port [default: $DROVE_COORDINATOR].
+    #[arg(long, value_name = "ADDR")]
+    coordinator: Option<String>,
+    /// Bearer token, if the coordinator requires one [default: $DROVE_TOKEN].
+    #[arg(long, value_name = "TOKEN")]
+    token: Option<String>,
+}
+
+impl Target {
+    fn resolve(&self) -> anyhow::Result<(String, Option<String>)> {
+        let addr = match &self.coordinator {
+            Some(a) => a.clone(),
+            None => std::env::var("DROVE_COORDINATOR").map_err(|_| {
+                anyhow!("no coordinator given: pass --coordinator HOST:PORT or set DROVE_COORDINATOR")
+            })?,
+        };
+        Ok((addr, token_or_env(self.token.as_deref())))
+    }
+
+    async fn connect(&self) -> anyhow::Result<Clients> {
+        let (addr, token) = self.resolve()?;
+        connect(&addr, token.as_deref()).await
+    }
+}
+
+/// `token`, else `$DROVE_TOKEN` when set and not empty.
+pub(crate) fn token_or_env(token: Option<&str>) -> Option<String> {
+    token.map(str::to_string).or_else(|| std::env::var("DROVE_TOKEN").ok().filter(|t| !t.is_empty()))
+}
+
+/// `drove coordinator`: serves until SIGINT or SIGTERM.
+pub fn serve(flags: &drove_coordinator::Flags) -> anyhow::Result<()> {
+    let config = flags.config().map_err(|e| anyhow!("reading the coordinator's configuration: {e}"))?;
+    let rt = runtime("drove-coordinator")?;
+    rt.block_on(drove_coordinator::serve_until_signal(&config))
+        .map_err(|e| anyhow!("the coordinator cannot start: {e}"))
+}
+
+/// Settings of `drove metrics`.
+#[derive(Debug, Args)]
+pub struct MetricsArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The run whose points to show.
+    #[arg(long, value_name = "ID")]
+    run: String,
+    /// Only this metric (default: every metric).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// How points of different ranks at one (name, step) combine [default: mean].
+    #[arg(long, value_name = "raw|mean|min|max|sum|count", value_parser = aggregation)]
+    agg: Option<Aggregation>,
+    /// Only steps >= X.
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    min_step: Option<f64>,
+    /// Only steps <= Y.
+    #[arg(long, value_name = "Y", allow_negative_numbers = true)]
+    max_step: Option<f64>,
+    /// Print the stored points, then each new one as it arrives (raw, one line
+    /// each), until the stream ends or Ctrl-C.
+    #[arg(long)]
+    watch: bool,
+    /// Print JSON: one object (with --watch: one object per line).
+    #[arg(long)]
+    json: bool,
+}
+
+fn aggregation(s: &str) -> Result<Aggregation, String> {
+    Ok(match s {
+        "raw" => Aggregation::Raw,
+        "mean" => Aggregation::Mean,
+        "min" => Aggregation::Min,
+        "max" => Aggregation::Max,
+        "sum" => Aggregation::Sum,
+        "count" => Aggregation::Count,
+        other => {
+            return Err(format!("unknown aggregation {other:?}: expected raw, mean, min, max, sum or count"));
+        }
+    })
+}
+
+fn aggregation_name(a: Aggregation) -> &'static str {
+    match a {
+        Aggregation::Unspecified | Aggregation::Raw => "raw",
+        Aggregation::Mean => "mean",
+        Aggregation::Min => "min",
+        Aggregation::Max => "max",
+        Aggregation::Sum => "sum",
+        Aggregation::Count => "count",
+    }
+}
+
+/// Writes one line to stdout; `false` once stdout is closed (e.g. piped into `head`).
+fn emit(line: &str) -> anyhow::Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}").and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(anyhow::Error::new(e).context("writing to stdout")),
+    }
+}
+
+/// `drove metrics`.
+pub fn metrics(args: &MetricsArgs) -> anyhow::Result<()> {
+    for (flag, v) in [("--min-step", args.min_step), ("--max-step", args.max_step)] {
+        if v.is_some_and(f64::is_nan) {
+            bail!("{flag} must be a number, found NaN");
+        }
+    }
+    if args.watch && args.agg.is_some_and(|a| a != Aggregation::Raw) {
+        bail!("--watch prints raw points as they arrive; leave out --agg or use --agg raw");
+    }
+    let rt = runtime("drove-metrics")?;
+    rt.block_on(async {
+        let mut clients = args.target.connect().await?;
+        if args.watch { watch(args, &mut clients).await } else { query(args, &mut clients).await }
+    })
+}
+
+async fn query(args: &MetricsArgs, clients: &mut Clients) -> anyhow::Result<()> {
+    let agg = args.agg.unwrap_or(Aggregation::Mean);
+    let points = clients
+        .metrics
+        .query(QueryRequest {
+            run_id: args.run.clone(),
+            name: args.name.clone().unwrap_or_default(),
+            min_step: args.min_step,
+            max_step: args.max_step,
+            aggregation: agg as i32,
+        })
+        .await
+        .map_err(status_error)?
+        .into_inner()
+        .points;
+    let raw = agg == Aggregation::Raw;
+    if args.json {
+        let points: Vec<_> = points
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.name,
+                    "step": p.step,
+                    "rank": if raw { json!(p.rank) } else { serde_json::Value::Null },
+                    "value": p.value,
+                    "count": p.count,
+                    "wall_time_unix_ms": p.wall_time_unix_ms,
+                })
+            })
+            .collect();
+        let report = json!({ "run": args.run, "aggregation": aggregation_name(agg), "points": points });
+        emit(&serde_json::to_string(&report)?)?;
+        return Ok(());
+    }
+    if points.is_empty() {
+        eprintln!(
+            "run {:?} has no points{}",
+            args.run,
+            args.name.as_ref().map(|n| format!(" named {n:?}")).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    let width = points.iter().map(|p| p.name.len()).max().unwrap_or(0).max(4);
+    let value_header = if raw { "value".to_string() } else { format!("{} value", aggregation_name(agg)) };
+    let mut header = format!("{:<width$}  {:>12}  {:>20}  {:>5}", "name", "step", value_header, "count");
+    if raw {
+        header.push_str("   rank");
+    }
+    if !emit(&header)? {
+        return Ok(());
+    }
+    for p in &points {
+        let mut line = format!("{:<width$}  {:>12}  {:>20}  {:>5}", p.name, p.step, p.value, p.count);
+        if raw {
+            line.push_str(&format!("  {:>5}", p.rank));
+        }
+        if !emit(&line)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn interrupted() {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    match term {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn watch_line(p: &MetricPoint, json_lines: bool) -> String {
+    if json_lines {
+        json!({
+            "run": p.run_id,
+            "name": p.name,
+            "step": p.step,
+            "rank": p.rank,
+            "value": p.value,
+            "wall_time_unix_ms": p.wall_time_unix_ms,
+        })
+        .to_string()
+    } else {
+        format!(
+            "{:<12}  {:>12}  {:>5}  {:>20}  {}",
+            p.name,
+            p.step,
+            p.rank,
+            p.value,
+            utc(p.wall_time_unix_ms)
+        )
+    }
+}
+
+async fn watch(args: &MetricsArgs, clients: &mut Clients) -> anyhow::Result<()> {
+    let stop = interrupted();
+    tokio::pin!(stop);
+    let mut stream = clients
+        .metrics
+        .watch(WatchRequest { run_id: args.run.clone(), name: args.name.clone().unwrap_or_default() })
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    if !args.json
+        && !emit(&format!(
+            "{:<12}  {:>12}  {:>5}  {:>20}  {}",
+            "name", "step", "rank", "value", "time (UTC)"
+        ))?
+    {
+        return Ok(());
+    }
+    loop {
+        let point = tokio::select! {
+            _ = &mut stop => return Ok(()),
+            msg = stream.message() => match msg.map_err(status_error)? {
+                Some(p) => p,
+                None => return Ok(()),
+            },
+        };
+        let in_range =
+            args.min_step.is_none_or(|m| point.step >= m) && args.max_step.is_none_or(|m| point.step <= m);
+        if in_range && !emit(&watch_line(&point, args.json))? {
+            return Ok(());
+        }
+    }
+}
+
+/// Settings of `drove runs`.
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    #[command(flatten)]
+    target: Target,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `drove runs`.
+pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
+    let rt = runtime("drove-runs")?;
+    let runs = rt.block_on(async {
+        let mut clients = args.target.connect().await?;
+        let runs =
+            clients.metrics.list_runs(ListRunsRequest {}).await.map_err(status_error)?.into_inner().runs;
+        anyhow::Ok(runs)
+    })?;
+    if args.json {
+        let runs: Vec<_> = runs
+            .iter()
+            .map(|r| {
+                json!({
+                    "run_id": r.run_id,
+                    "state": r.state,
+                    "world_size": r.world_size,
+                    "joined": r.joined,
+                    "points": r.points,
+                    "created_unix_ms": r.created_unix_ms,
+                    "updated_unix_ms": r.updated_unix_ms,
+                })
+            })
+            .collect();
+        emit(&json!({ "runs": runs }).to_string())?;
+        return Ok(());
+    }
+    if runs.is_empty() {
+        eprintln!("the coordinator knows no runs");
+        return Ok(());
+    }
+    let width = runs.iter().map(|r| r.run_id.len()).max().unwrap_or(0).max(6);
+    let header = format!(
+        "{:<width$}  {:<12}  {:>5}  {:>6}  {:>10}  {:<19}  {}",
+        "run id", "state", "world", "joined", "points", "created (UTC)", "updated (UTC)"
+    );
+    if !emit(&header)? {
+        return Ok(());
+    }
+    for r in &runs {
+        let line = format!(
+            "{:<width$}  {:<12}  {:>5}  {:>6}  {:>10}  {:<19}  {}",
+            r.run_id,
+            r.state,
+            r.world_size,
+            r.joined,
+            r.points,
+            utc(r.created_unix_ms),
+            utc(r.updated_unix_ms)
+        );
+        if !emit(&line)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Unix milliseconds as `YYYY-MM-DD HH:MM:SS` (UTC).
+pub(crate) fn utc(unix_ms: i64) -> String {
+    let secs = unix_ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formats_known_instants() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(utc(1_700_000_000_123), "2023-11-14 22:13:20");
+        assert_eq!(utc(-1000), "1969-12-31 23:59:59");
+    }
+
+    #[test]
+    fn status_errors_name_the_code_and_the_message() {
+        let e = status_error(tonic::Status::unauthenticated("the bearer token is wrong"));
+        assert_eq!(
+            e.to_string(),
+            "the coordinator refused the call (Unauthenticated): the bearer token is wrong"
+        );
+        let e = status_error(tonic::Status::unavailable(""));
+        assert_eq!(e.to_string(), "the call to the coordinator failed (Unavailable)");
+    }
+
+    #[test]
+    fn aggregations_parse_by_name() {
+        for (s, a) in [("raw", Aggregation::Raw), ("mean", Aggregation::Mean), ("count", Aggregation::Count)]
+        {
+            assert_eq!(aggregation(s), Ok(a));
+            assert_eq!(aggregation_name(a), s);
+        }
+        assert!(aggregation("median").unwrap_err().contains("unknown aggregation"));
+    }
+}
