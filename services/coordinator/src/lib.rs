@@ -176,6 +176,7 @@ impl tonic::service::Interceptor for Auth {
 /// A running coordinator.
 pub struct Server {
     addr: SocketAddr,
+    closing: tokio::sync::watch::Sender<bool>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -186,12 +187,17 @@ impl Server {
         self.addr
     }
 
-    /// Stops accepting calls, lets running ones finish, and waits.
+    /// Stops accepting calls, lets running ones finish for up to 5 s (open
+    /// watch streams never finish by themselves), then drops the rest.
     pub async fn shutdown(mut self) {
+        self.closing.send_replace(true); // ends watch streams
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        let _ = (&mut self.task).await;
+        if tokio::time::timeout(std::time::Duration::from_secs(5), &mut self.task).await.is_err() {
+            self.task.abort();
+            let _ = (&mut self.task).await;
+        }
     }
 
     /// Waits until the server stops (on error).
@@ -220,7 +226,9 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
     let weights = WeightsServer::new(WeightsService::new(store.clone(), config.max_chunk_bytes))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
-    let metrics = MetricsServer::new(MetricsService::new(store.clone())).max_decoding_message_size(64 << 20);
+    let (closing, closing_rx) = tokio::sync::watch::channel(false);
+    let metrics = MetricsServer::new(MetricsService::new(store.clone(), closing_rx))
+        .max_decoding_message_size(64 << 20);
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(drove_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -263,7 +271,7 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
             .await
     });
     tracing::info!(%addr, store = %config.store.display(), auth = config.token.is_some(), "coordinator serving");
-    Ok(Server { addr, shutdown: Some(tx), task })
+    Ok(Server { addr, closing, shutdown: Some(tx), task })
 }
 
 /// Command-line flags of `drove-coordinator` and `drove coordinator`.

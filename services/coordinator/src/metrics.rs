@@ -22,12 +22,13 @@ use crate::validate::{check_run_id, internal};
 pub struct MetricsService {
     store: Store,
     new_points: broadcast::Sender<std::sync::Arc<Vec<Point>>>,
+    closing: tokio::sync::watch::Receiver<bool>,
 }
 
 impl MetricsService {
-    /// Points in `store`.
-    pub fn new(store: Store) -> Self {
-        MetricsService { store, new_points: broadcast::channel(1024).0 }
+    /// Points in `store`; watch streams end when `closing` turns true.
+    pub fn new(store: Store, closing: tokio::sync::watch::Receiver<bool>) -> Self {
+        MetricsService { store, new_points: broadcast::channel(1024).0, closing }
     }
 }
 
@@ -213,6 +214,7 @@ impl Metrics for MetricsService {
         let filter = filter_of(&req.run_id, &req.name, None, None)?;
         // Subscribe before reading what is stored, so nothing falls in between.
         let mut live = self.new_points.subscribe();
+        let mut closing = self.closing.clone();
         let store = self.store.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<MetricPoint, Status>>(256);
         tokio::spawn(async move {
@@ -247,6 +249,7 @@ impl Metrics for MetricsService {
                 }
                 tokio::select! {
                     _ = tx.closed() => return,
+                    _ = async { drop(closing.wait_for(|c| *c).await) } => return,
                     msg = live.recv() => match msg {
                         Ok(batch) => {
                             for p in batch.iter() {

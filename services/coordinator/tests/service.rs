@@ -306,12 +306,11 @@ fn points(run: &str, rank: i32, steps: std::ops::Range<i32>) -> Vec<MetricPoint>
 async fn metrics_from_four_ranks_aggregate_as_sent_and_watchers_follow() {
     let f = fixture(None).await;
     let mut c = clients(&f, None).await;
-    let mut watch = c
-        .metrics
-        .watch(WatchRequest { run_id: "m4".into(), name: "loss".into() })
-        .await
-        .unwrap()
-        .into_inner();
+    // The watch starts before any point exists; its response arrives with the first point.
+    let mut wc = clients(&f, None).await;
+    let watch_call = tokio::spawn(async move {
+        wc.metrics.watch(WatchRequest { run_id: "m4".into(), name: "loss".into() }).await
+    });
     for rank in 0..4 {
         let mut c = clients(&f, None).await;
         let batches = vec![
@@ -357,6 +356,12 @@ async fn metrics_from_four_ranks_aggregate_as_sent_and_watchers_follow() {
     let ranged = QueryRequest { min_step: Some(3.0), max_step: Some(4.0), ..q(Aggregation::Raw) };
     assert_eq!(c.metrics.query(ranged).await.unwrap().into_inner().points.len(), 8);
     // The watcher saw the 40 loss points, then sees a new one as it arrives.
+    let mut watch = tokio::time::timeout(Duration::from_secs(10), watch_call)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+        .into_inner();
     let mut seen = 0;
     while seen < 40 {
         let p =
@@ -379,12 +384,19 @@ async fn metrics_from_four_ranks_aggregate_as_sent_and_watchers_follow() {
         .unwrap()
         .into_inner();
     assert_eq!(acks.message().await.unwrap().unwrap().stored, 1);
-    let p = tokio::time::timeout(Duration::from_secs(10), watch.message()).await.unwrap().unwrap().unwrap();
+    let p = tokio::time::timeout(Duration::from_secs(3), watch.message())
+        .await
+        .expect("watch timed out")
+        .unwrap()
+        .unwrap();
     assert_eq!((p.step, p.value, p.rank), (99.0, 7.0, 2));
     let runs = c.metrics.list_runs(ListRunsRequest {}).await.unwrap().into_inner().runs;
     let m4 = runs.iter().find(|r| r.run_id == "m4").expect("run listed");
     assert_eq!((m4.state.as_str(), m4.points), ("metrics-only", 81));
+    // Shutting down with a watcher still connected ends its stream.
     f.server.shutdown().await;
+    let end = tokio::time::timeout(Duration::from_secs(10), watch.message()).await.expect("the stream ends");
+    assert!(!matches!(end, Ok(Some(_))), "{end:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
