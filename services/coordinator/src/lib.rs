@@ -329,3 +329,40 @@ pub async fn serve_until_signal(config: &Config) -> Result<(), StartError> {
     server.shutdown().await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configuration_layers_defaults_file_environment_flags() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "listen = \"127.0.0.1:7000\"\nstore = \"from-file\"\ntoken = \"file-token\"\njoin_timeout_ms = 5")?;
+            let base = Config::load(None, &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(base, Config::default());
+            let file =
+                Config::load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(
+                (file.listen.port(), file.store.to_str(), file.join_timeout_ms),
+                (7000, Some("from-file"), 5)
+            );
+            jail.set_env("DROVE_STORE", "from-env");
+            jail.set_env("DROVE_TOKEN", "env-token");
+            jail.set_env("DROVE_RANK", "3"); // other DROVE_* variables are not the coordinator's
+            let env =
+                Config::load(Some(Path::new("c.toml")), &Overrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(
+                (env.store.to_str(), env.token.as_deref(), env.listen.port()),
+                (Some("from-env"), Some("env-token"), 7000)
+            );
+            let flags = Overrides { store: Some("from-flag".into()), ..Default::default() };
+            let top = Config::load(Some(Path::new("c.toml")), &flags).map_err(|e| e.to_string())?;
+            assert_eq!((top.store.to_str(), top.token.as_deref()), (Some("from-flag"), Some("env-token")));
+            jail.create_file("bad.toml", "listen = \"not an address\"")?;
+            let err =
+                Config::load(Some(Path::new("bad.toml")), &Overrides::default()).unwrap_err().to_string();
+            assert!(err.contains("listen"), "{err}");
+            Ok(())
+        });
+    }
+}
