@@ -17,7 +17,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }
+    // Blob bytes as `bytes::Bytes`: decoded without a copy, sliced from the frame.
     tonic_prost_build::configure()
+        .bytes(".drove.v1.PublishChunk.data")
+        .bytes(".drove.v1.FetchChunk.data")
         .file_descriptor_set_path(out.join("drove_v1_descriptor.bin"))
         .compile_protos(&files, &[root])?;
     Ok(())

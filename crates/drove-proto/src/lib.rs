@@ -65,6 +65,7 @@ pub mod client {
             .connect_timeout(Duration::from_secs(10))
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
+            .max_frame_size(Some(1 << 20))
             .tcp_nodelay(true))
     }
 

@@ -242,6 +242,7 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
     let mut builder = tonic::transport::Server::builder()
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(32 << 20))
+        .max_frame_size(Some(1 << 20))
         .tcp_nodelay(true);
     match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => {

@@ -2,6 +2,7 @@
 //! and a folder of blob files. A point is acknowledged only after its batch's
 //! transaction commits, so a killed coordinator loses nothing it acknowledged.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -124,10 +125,30 @@ pub struct AggRow {
     pub wall_ms: i64,
 }
 
+/// The connection, and the ids of the (run, metric) series seen so far: points
+/// refer to their series by integer, which keeps rows and the index small.
+pub struct Db {
+    conn: Connection,
+    series: HashMap<(String, String), i64>,
+}
+
+impl std::ops::Deref for Db {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Db {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+}
+
 /// The store; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    conn: Arc<Mutex<Connection>>,
+    conn: Arc<Mutex<Db>>,
     db: PathBuf,
     blobs: PathBuf,
 }
@@ -155,10 +176,12 @@ impl Store {
              CREATE TABLE IF NOT EXISTS runs(
                  run_id TEXT PRIMARY KEY, state TEXT NOT NULL, world_size INTEGER NOT NULL,
                  joined INTEGER NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS series(
+                 id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, name TEXT NOT NULL, UNIQUE(run_id, name));
              CREATE TABLE IF NOT EXISTS points(
-                 id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, rank INTEGER NOT NULL, step REAL NOT NULL,
-                 name TEXT NOT NULL, value REAL NOT NULL, wall_ms INTEGER NOT NULL);
-             CREATE INDEX IF NOT EXISTS points_by_run ON points(run_id, name, step);
+                 id INTEGER PRIMARY KEY, series INTEGER NOT NULL REFERENCES series(id), rank INTEGER NOT NULL,
+                 step REAL NOT NULL, value REAL NOT NULL, wall_ms INTEGER NOT NULL);
+             CREATE INDEX IF NOT EXISTS points_by_series ON points(series, step);
              CREATE TABLE IF NOT EXISTS blobs(
                  name TEXT PRIMARY KEY, size INTEGER NOT NULL, sha256 TEXT NOT NULL, created_ms INTEGER NOT NULL);",
         )
@@ -171,10 +194,10 @@ impl Store {
                 }
             }
         }
-        Ok(Store { conn: Arc::new(Mutex::new(conn)), db, blobs })
+        Ok(Store { conn: Arc::new(Mutex::new(Db { conn, series: HashMap::new() })), db, blobs })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
+    fn lock(&self) -> MutexGuard<'_, Db> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -226,18 +249,58 @@ impl Store {
         points: Vec<Point>,
         committed: impl FnOnce(&[Point]),
     ) -> Result<Vec<Point>, StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction().map_err(self.sql())?;
-        let mut out = Vec::with_capacity(points.len());
+        const ROWS: usize = 64; // rows per INSERT statement: far fewer statement steps
+        let mut guard = self.lock();
+        let db = &mut *guard;
+        let tx = db.conn.transaction().map_err(self.sql())?;
+        let mut out = points;
+        // Series ids, created on first sight.
+        let mut ids = Vec::with_capacity(out.len());
+        for p in &out {
+            let key = (p.run_id.clone(), p.name.clone());
+            let id = match db.series.get(&key) {
+                Some(&id) => id,
+                None => {
+                    tx.execute("INSERT OR IGNORE INTO series(run_id, name) VALUES (?1, ?2)", params![key.0, key.1])
+                        .map_err(self.sql())?;
+                    let id: i64 = tx
+                        .query_row("SELECT id FROM series WHERE run_id = ?1 AND name = ?2", params![key.0, key.1], |r| {
+                            r.get(0)
+                        })
+                        .map_err(self.sql())?;
+                    db.series.insert(key, id);
+                    id
+                }
+            };
+            ids.push(id);
+        }
         {
-            let mut stmt = tx
-                .prepare_cached("INSERT INTO points(run_id, rank, step, name, value, wall_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
-                .map_err(self.sql())?;
-            for mut p in points {
-                stmt.execute(params![p.run_id, p.rank, p.step, p.name, p.value, p.wall_ms])
-                    .map_err(self.sql())?;
-                p.id = tx.last_insert_rowid();
-                out.push(p);
+            let sql = |n: usize| {
+                let values = vec!["(?, ?, ?, ?, ?)"; n].join(", ");
+                format!("INSERT INTO points(series, rank, step, value, wall_ms) VALUES {values}")
+            };
+            let mut full = tx.prepare_cached(&sql(ROWS)).map_err(self.sql())?;
+            let mut start = 0;
+            while start < out.len() {
+                let n = (out.len() - start).min(ROWS);
+                let rows = &out[start..start + n];
+                let args = rows.iter().zip(&ids[start..start + n]).flat_map(|(p, id)| -> [&dyn rusqlite::ToSql; 5] {
+                    [id, &p.rank, &p.step, &p.value, &p.wall_ms]
+                });
+                if n == ROWS {
+                    full.execute(rusqlite::params_from_iter(args)).map_err(self.sql())?;
+                } else {
+                    tx.prepare_cached(&sql(n))
+                        .map_err(self.sql())?
+                        .execute(rusqlite::params_from_iter(args))
+                        .map_err(self.sql())?;
+                }
+                // Rows of one statement get consecutive ids ending at the last one.
+                let last = tx.last_insert_rowid();
+                for (k, p) in out[start..start + n].iter_mut().enumerate() {
+                    p.id = last - (n - 1 - k) as i64;
+                }
+                start += n;
             }
         }
         tx.commit().map_err(self.sql())?;
@@ -247,22 +310,22 @@ impl Store {
 
     fn where_clause(f: &Filter) -> (String, Vec<rusqlite::types::Value>) {
         use rusqlite::types::Value;
-        let mut sql = String::from(" WHERE run_id = ?");
+        let mut sql = String::from(" WHERE s.run_id = ?");
         let mut args = vec![Value::Text(f.run_id.clone())];
         if let Some(n) = &f.name {
-            sql.push_str(" AND name = ?");
+            sql.push_str(" AND s.name = ?");
             args.push(Value::Text(n.clone()));
         }
         if let Some(s) = f.min_step {
-            sql.push_str(" AND step >= ?");
+            sql.push_str(" AND p.step >= ?");
             args.push(Value::Real(s));
         }
         if let Some(s) = f.max_step {
-            sql.push_str(" AND step <= ?");
+            sql.push_str(" AND p.step <= ?");
             args.push(Value::Real(s));
         }
         if let Some(id) = f.after_id {
-            sql.push_str(" AND id > ?");
+            sql.push_str(" AND p.id > ?");
             args.push(Value::Integer(id));
         }
         (sql, args)
@@ -297,17 +360,18 @@ impl Store {
     /// Points aggregated across ranks per (name, step).
     pub fn aggregate(&self, f: &Filter, agg: Agg) -> Result<Vec<AggRow>, StoreError> {
         let func = match agg {
-            Agg::Mean => "AVG(value)",
-            Agg::Min => "MIN(value)",
-            Agg::Max => "MAX(value)",
-            Agg::Sum => "SUM(value)",
+            Agg::Mean => "AVG(p.value)",
+            Agg::Min => "MIN(p.value)",
+            Agg::Max => "MAX(p.value)",
+            Agg::Sum => "SUM(p.value)",
             Agg::Count => "COUNT(*)",
         };
         let (clause, args) = Self::where_clause(f);
         let conn = self.lock();
         let mut stmt = conn
             .prepare(&format!(
-                "SELECT name, step, {func}, COUNT(*), MAX(wall_ms) FROM points{clause} GROUP BY name, step ORDER BY name, step"
+                "SELECT s.name, p.step, {func}, COUNT(*), MAX(p.wall_ms) FROM points p JOIN series s ON s.id = p.series{clause}
+                  GROUP BY s.name, p.step ORDER BY s.name, p.step"
             ))
             .map_err(self.sql())?;
         let rows = stmt
@@ -334,12 +398,15 @@ impl Store {
         let conn = self.lock();
         let mut stmt = conn
             .prepare(
-                "SELECT r.run_id, r.state, r.world_size, r.joined, COALESCE(p.n, 0), r.created_ms, MAX(r.updated_ms, COALESCE(p.last, 0))
-                   FROM runs r LEFT JOIN (SELECT run_id, COUNT(*) n, MAX(wall_ms) last FROM points GROUP BY run_id) p
-                     ON p.run_id = r.run_id
+                "WITH per_run AS (
+                     SELECT s.run_id, COUNT(*) n, MIN(p.wall_ms) first, MAX(p.wall_ms) last
+                       FROM points p JOIN series s ON s.id = p.series GROUP BY s.run_id)
+                 SELECT r.run_id, r.state, r.world_size, r.joined, COALESCE(p.n, 0), r.created_ms,
+                        MAX(r.updated_ms, COALESCE(p.last, 0))
+                   FROM runs r LEFT JOIN per_run p ON p.run_id = r.run_id
                  UNION ALL
-                 SELECT run_id, 'metrics-only', 0, 0, COUNT(*), MIN(wall_ms), MAX(wall_ms) FROM points
-                  WHERE run_id NOT IN (SELECT run_id FROM runs) GROUP BY run_id
+                 SELECT run_id, 'metrics-only', 0, 0, n, first, last FROM per_run
+                  WHERE run_id NOT IN (SELECT run_id FROM runs)
                  ORDER BY 6 DESC",
             )
             .map_err(self.sql())?;

@@ -162,7 +162,7 @@ async fn malformed_requests_are_invalid_arguments_naming_the_field() {
             size: big.len() as u64,
             sha256: hex(&Sha256::digest(&big)),
         }),
-        data: big,
+        data: big.into(),
     }];
     let err = c.weights.publish(tokio_stream::iter(chunks)).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -187,7 +187,7 @@ fn chunks(name: &str, data: &[u8], sha: &str, size: u64, chunk: usize) -> Vec<Pu
         .enumerate()
         .map(|(i, d)| PublishChunk {
             header: (i == 0).then(|| BlobHeader { name: name.into(), size, sha256: sha.into() }),
-            data: d.to_vec(),
+            data: d.to_vec().into(),
         })
         .collect()
 }
