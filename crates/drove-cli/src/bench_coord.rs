@@ -329,7 +329,13 @@ async fn publish(addr: &str, blob: prost::bytes::Bytes, sha256: &str) -> anyhow:
 /// chunks arrive (sha256 runs at about 1 GB/s on one core here, so the transfer
 /// itself is timed in a second round that only counts bytes).
 /// Returns its seconds (from the common start to its last byte).
-fn fetch(addr: String, size: usize, sha256: String, start: Arc<Barrier>, verify: bool) -> anyhow::Result<f64> {
+fn fetch(
+    addr: String,
+    size: usize,
+    sha256: String,
+    start: Arc<Barrier>,
+    verify: bool,
+) -> anyhow::Result<f64> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let connected = rt.block_on(control::connect(&addr, None));
     start.wait();

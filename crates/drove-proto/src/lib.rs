@@ -74,10 +74,16 @@ pub mod client {
         addr: &str,
         token: Option<&str>,
     ) -> Result<Authed, Box<dyn std::error::Error + Send + Sync>> {
-        let channel = endpoint(addr)?
-            .connect()
-            .await
-            .map_err(|e| format!("connecting to the coordinator at {addr}: {e}"))?;
+        let channel = endpoint(addr)?.connect().await.map_err(|e| {
+            // tonic's transport error says only "transport error": add its causes.
+            let mut msg = format!("connecting to the coordinator at {addr}: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(cause) = source {
+                msg.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            msg
+        })?;
         Ok(InterceptedService::new(channel, Token::new(token)?))
     }
 

@@ -336,6 +336,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error type
     fn configuration_layers_defaults_file_environment_flags() {
         figment::Jail::expect_with(|jail| {
             jail.create_file("c.toml", "listen = \"127.0.0.1:7000\"\nstore = \"from-file\"\ntoken = \"file-token\"\njoin_timeout_ms = 5")?;

@@ -241,9 +241,14 @@ impl Rendezvous for RendezvousService {
         check_run_id(&req.run_id, "run_id")?;
         let (state, world, joined) = {
             let mut runs = self.lock();
-            let run = runs
-                .get_mut(&req.run_id)
-                .ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+            let Some(run) = runs.get_mut(&req.run_id) else {
+                // Its workers never joined (they died first, or this coordinator
+                // restarted): record how the run ended all the same.
+                drop(runs);
+                let state = if req.error.is_empty() { "finished" } else { "failed" };
+                self.persist(&req.run_id, state, 0, 0)?;
+                return Ok(Response::new(LeaveResponse {}));
+            };
             let rank = Self::rank_of(req.rank, run.world_size, "rank")?;
             run.left[rank] = true;
             if !req.error.is_empty() {

@@ -261,12 +261,17 @@ impl Store {
             let id = match db.series.get(&key) {
                 Some(&id) => id,
                 None => {
-                    tx.execute("INSERT OR IGNORE INTO series(run_id, name) VALUES (?1, ?2)", params![key.0, key.1])
-                        .map_err(self.sql())?;
+                    tx.execute(
+                        "INSERT OR IGNORE INTO series(run_id, name) VALUES (?1, ?2)",
+                        params![key.0, key.1],
+                    )
+                    .map_err(self.sql())?;
                     let id: i64 = tx
-                        .query_row("SELECT id FROM series WHERE run_id = ?1 AND name = ?2", params![key.0, key.1], |r| {
-                            r.get(0)
-                        })
+                        .query_row(
+                            "SELECT id FROM series WHERE run_id = ?1 AND name = ?2",
+                            params![key.0, key.1],
+                            |r| r.get(0),
+                        )
                         .map_err(self.sql())?;
                     db.series.insert(key, id);
                     id
@@ -284,9 +289,9 @@ impl Store {
             while start < out.len() {
                 let n = (out.len() - start).min(ROWS);
                 let rows = &out[start..start + n];
-                let args = rows.iter().zip(&ids[start..start + n]).flat_map(|(p, id)| -> [&dyn rusqlite::ToSql; 5] {
-                    [id, &p.rank, &p.step, &p.value, &p.wall_ms]
-                });
+                let args = rows.iter().zip(&ids[start..start + n]).flat_map(
+                    |(p, id)| -> [&dyn rusqlite::ToSql; 5] { [id, &p.rank, &p.step, &p.value, &p.wall_ms] },
+                );
                 if n == ROWS {
                     full.execute(rusqlite::params_from_iter(args)).map_err(self.sql())?;
                 } else {
@@ -334,11 +339,12 @@ impl Store {
     /// Raw points, ordered by id when `by_id`, else by name, step, rank.
     pub fn points(&self, f: &Filter, by_id: bool) -> Result<Vec<Point>, StoreError> {
         let (clause, args) = Self::where_clause(f);
-        let order = if by_id { " ORDER BY id" } else { " ORDER BY name, step, rank, id" };
+        let order = if by_id { " ORDER BY p.id" } else { " ORDER BY s.name, p.step, p.rank, p.id" };
         let conn = self.lock();
         let mut stmt = conn
             .prepare(&format!(
-                "SELECT id, run_id, rank, step, name, value, wall_ms FROM points{clause}{order}"
+                "SELECT p.id, s.run_id, p.rank, p.step, s.name, p.value, p.wall_ms
+                   FROM points p JOIN series s ON s.id = p.series{clause}{order}"
             ))
             .map_err(self.sql())?;
         let rows = stmt

@@ -191,7 +191,9 @@ impl Weights for WeightsService {
                     return;
                 }
                 left -= n as u64;
-                if tx.blocking_send(Ok(FetchChunk { info: first.take(), data: data.into() })).is_err() || left == 0 {
+                if tx.blocking_send(Ok(FetchChunk { info: first.take(), data: data.into() })).is_err()
+                    || left == 0
+                {
                     return;
                 }
             }

@@ -45,7 +45,7 @@ async fn acknowledged_points_survive_sigkill_and_restart() {
             points: (0..500)
                 .map(|i| MetricPoint {
                     run_id: "durable".into(),
-                    rank: (i % 4) as i32,
+                    rank: i % 4,
                     step: (b * 125 + i / 4) as f64,
                     name: "loss".into(),
                     value: (b * 500 + i) as f64,

@@ -38,7 +38,7 @@ fn join(run: &str, world: i32, i: usize, timeout_ms: i64) -> JoinRequest {
         run_id: run.into(),
         world_size: world,
         address: format!("127.0.0.1:{}", 20000 + i),
-        host: if i % 2 == 0 { "a".into() } else { "b".into() },
+        host: if i.is_multiple_of(2) { "a".into() } else { "b".into() },
         requested_rank: -1,
         timeout_ms,
     }
