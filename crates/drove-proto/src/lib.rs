@@ -57,11 +57,35 @@ pub mod client {
     /// A channel with the token applied.
     pub type Authed = InterceptedService<Channel, Token>;
 
-    /// The endpoint for `addr` (`host:port` or a URL), with windows sized for
-    /// streaming blobs and a connect timeout.
-    pub fn endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
+    /// The endpoint for `addr` (`host:port`, `http://...` or `https://...`), with
+    /// windows sized for streaming blobs and a connect timeout. For `https://`,
+    /// the server certificate is checked against the PEM file named by
+    /// `DROVE_TLS_CA`.
+    pub fn endpoint(addr: &str) -> Result<Endpoint, Box<dyn std::error::Error + Send + Sync>> {
+        let ca = std::env::var_os("DROVE_TLS_CA").map(std::path::PathBuf::from);
+        endpoint_with_ca(addr, ca.as_deref())
+    }
+
+    /// As [`endpoint`], trusting the certificate authority in the PEM file `ca`
+    /// for `https://` addresses.
+    pub fn endpoint_with_ca(
+        addr: &str,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Endpoint, Box<dyn std::error::Error + Send + Sync>> {
         let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        Ok(Endpoint::from_shared(url)?
+        let mut endpoint = Endpoint::from_shared(url.clone())?;
+        if url.starts_with("https://") {
+            let ca_path = ca.ok_or_else(|| {
+                format!("{addr} uses TLS: set DROVE_TLS_CA to the PEM file of its certificate authority")
+            })?;
+            let ca =
+                std::fs::read(ca_path).map_err(|e| format!("DROVE_TLS_CA={}: {e}", ca_path.display()))?;
+            endpoint = endpoint.tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            )?;
+        }
+        Ok(endpoint
             .connect_timeout(Duration::from_secs(10))
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))

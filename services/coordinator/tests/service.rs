@@ -466,3 +466,38 @@ async fn health_is_serving_and_reflection_lists_the_drove_services() {
     }
     f.server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_serves_clients_that_trust_its_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert_path, key_path, ca_path) =
+        (dir.path().join("c.pem"), dir.path().join("k.pem"), dir.path().join("ca.pem"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    std::fs::write(&ca_path, cert.cert.pem()).unwrap();
+    let config = drove_coordinator::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: dir.path().join("store"),
+        tls_cert: Some(cert_path),
+        tls_key: Some(key_path),
+        ..Default::default()
+    };
+    let server = drove_coordinator::start(&config).await.unwrap();
+    let url = format!("https://localhost:{}", server.addr().port());
+    // Without a trusted CA the client refuses to start, saying how to fix it.
+    let err = drove_proto::client::endpoint_with_ca(&url, None).unwrap_err().to_string();
+    assert!(err.contains("DROVE_TLS_CA"), "{err}");
+    let endpoint = drove_proto::client::endpoint_with_ca(&url, Some(&ca_path)).unwrap();
+    let channel = endpoint.connect().await.unwrap();
+    let mut metrics = drove_proto::v1::metrics_client::MetricsClient::new(channel);
+    assert!(metrics.list_runs(ListRunsRequest {}).await.unwrap().into_inner().runs.is_empty());
+    // A plain-text client cannot talk to it.
+    let plain = format!("127.0.0.1:{}", server.addr().port());
+    let refused = match Clients::connect(&plain, None).await {
+        Err(_) => true,
+        Ok(mut c) => c.metrics.list_runs(ListRunsRequest {}).await.is_err(),
+    };
+    assert!(refused);
+    server.shutdown().await;
+}
