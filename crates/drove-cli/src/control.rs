@@ -25,8 +25,9 @@ pub(crate) fn runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
 /// Connects to the coordinator at `addr` (`host:port` or a URL), with `token`
 /// (if any) on every call. The error names the address and the cause.
 pub(crate) async fn connect(addr: &str, token: Option<&str>) -> anyhow::Result<Clients> {
-    let endpoint = drove_proto::client::endpoint(addr)
-        .with_context(|| format!("{addr:?} is not a coordinator address (host:port or http://host:port)"))?;
+    let endpoint = drove_proto::client::endpoint(addr).map_err(|e| {
+        anyhow::anyhow!("{addr:?} is not a usable coordinator address (host:port, http:// or https://): {e}")
+    })?;
     let channel = endpoint.connect().await.map_err(|e| {
         // The causes, without tonic's generic "transport error" and repeated layers.
         let mut causes: Vec<String> = Vec::new();
