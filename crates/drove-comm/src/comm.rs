@@ -619,30 +619,32 @@ impl Collective for Communicator {
         &self,
         name: &str,
         shape: &[usize],
-        mut data: Buffer,
+        data: Buffer,
         opts: ReduceOptions,
+    ) -> Pending<Buffer> {
+        let (name, shape) = (name.to_string(), shape.to_vec());
+        self.run_async(data, move |e, d| Self::all_reduce_impl(e, &name, &shape, d.as_mut(), opts))
+    }
+
+    fn broadcast_async(&self, name: &str, shape: &[usize], data: Buffer, root: usize) -> Pending<Buffer> {
+        let (name, shape) = (name.to_string(), shape.to_vec());
+        self.run_async(data, move |e, d| Self::broadcast_impl(e, &name, &shape, d.as_mut(), root))
+    }
+}
+
+impl Communicator {
+    /// Takes a ticket now (so the op keeps its place in the call order) and runs
+    /// `op` on the background thread when the ticket is served.
+    fn run_async(
+        &self,
+        mut data: Buffer,
+        op: impl FnOnce(&mut Engine, &mut Buffer) -> Result<(), CommError> + Send + 'static,
     ) -> Pending<Buffer> {
         let t = self.shared.ticket();
         let (tx, rx) = channel();
         let shared = Arc::clone(&self.shared);
-        let (name, shape) = (name.to_string(), shape.to_vec());
         let job: Job = Box::new(move || {
-            let r = shared.run(t, |e| Self::all_reduce_impl(e, &name, &shape, data.as_mut(), opts));
-            let _ = tx.send(r.map(|()| data));
-        });
-        if let Err(e) = self.submit(job) {
-            return Pending::ready(Err(e));
-        }
-        Pending { rx }
-    }
-
-    fn broadcast_async(&self, name: &str, shape: &[usize], mut data: Buffer, root: usize) -> Pending<Buffer> {
-        let t = self.shared.ticket();
-        let (tx, rx) = channel();
-        let shared = Arc::clone(&self.shared);
-        let (name, shape) = (name.to_string(), shape.to_vec());
-        let job: Job = Box::new(move || {
-            let r = shared.run(t, |e| Self::broadcast_impl(e, &name, &shape, data.as_mut(), root));
+            let r = shared.run(t, |e| op(e, &mut data));
             let _ = tx.send(r.map(|()| data));
         });
         if let Err(e) = self.submit(job) {
