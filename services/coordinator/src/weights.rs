@@ -2,7 +2,7 @@
 //! streamed to any number of fetchers. A blob is visible only once complete and
 //! verified; a failed publish leaves nothing behind.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::pin::Pin;
 
 use drove_proto::v1::weights_server::Weights;
@@ -175,25 +175,34 @@ impl Weights for WeightsService {
             n => n.min(self.max_chunk),
         };
         let path = self.store.blob_path(&row.name);
-        let mut file = std::fs::File::open(&path).map_err(internal)?;
+        let file = std::fs::File::open(&path).map_err(internal)?;
+        // Chunks are slices of a read-only map of the file: no copy on this side
+        // before the encoder's. Published files are never modified in place (a new
+        // version is renamed over the name), so the map stays valid.
+        let whole = if row.size == 0 {
+            prost::bytes::Bytes::new()
+        } else {
+            // SAFETY: the file is immutable once published (see above).
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(internal)?;
+            if map.len() as u64 != row.size {
+                return Err(Status::data_loss(format!(
+                    "blob {:?} is {} bytes on disk but {} in the store",
+                    row.name,
+                    map.len(),
+                    row.size
+                )));
+            }
+            prost::bytes::Bytes::from_owner(map)
+        };
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<FetchChunk, Status>>(4);
-        tokio::task::spawn_blocking(move || {
+        tokio::spawn(async move {
             let mut first = Some(info(&row));
-            let mut left = row.size;
+            let mut offset = 0usize;
             loop {
-                let n = (left as usize).min(chunk);
-                let mut data = vec![0u8; n];
-                if let Err(e) = file.read_exact(&mut data) {
-                    let _ = tx.blocking_send(Err(Status::data_loss(format!(
-                        "blob {:?} is unreadable: {e}",
-                        row.name
-                    ))));
-                    return;
-                }
-                left -= n as u64;
-                if tx.blocking_send(Ok(FetchChunk { info: first.take(), data: data.into() })).is_err()
-                    || left == 0
-                {
+                let end = (offset + chunk).min(whole.len());
+                let data = whole.slice(offset..end);
+                offset = end;
+                if tx.send(Ok(FetchChunk { info: first.take(), data })).await.is_err() || offset == whole.len() {
                     return;
                 }
             }
