@@ -202,7 +202,9 @@ impl Weights for WeightsService {
                 let end = (offset + chunk).min(whole.len());
                 let data = whole.slice(offset..end);
                 offset = end;
-                if tx.send(Ok(FetchChunk { info: first.take(), data })).await.is_err() || offset == whole.len() {
+                if tx.send(Ok(FetchChunk { info: first.take(), data })).await.is_err()
+                    || offset == whole.len()
+                {
                     return;
                 }
             }
