@@ -1,0 +1,70 @@
+//! # drove-bert: a BERT for token classification, on burn
+//!
+//! A BERT encoder (word, position and token-type embeddings with LayerNorm; N
+//! layers of multi-head self-attention and an exact-GELU feed-forward, each
+//! followed by a residual LayerNorm) and a token-classification head, written as
+//! plain burn modules generic over the backend (`Flex` on CPU by default). Sizes,
+//! epsilons and dropouts come from a HuggingFace `config.json`; weights load from
+//! a HuggingFace-layout safetensors file by name, with or without the `bert.`
+//! prefix, with a report of missing and unused tensors and an error naming any
+//! tensor whose shape differs.
+//!
+//! This crate knows nothing of data loading or of distribution: it is the model.
+//!
+//! ```
+//! use burn::backend::Flex;
+//! use burn::tensor::{Int, Tensor};
+//! use drove_bert::BertConfig;
+//!
+//! let device = Default::default();
+//! let model = BertConfig::tiny(100).init_token_classification::<Flex>(9, &device);
+//! let ids = Tensor::<Flex, 2, Int>::from_ints([[1, 5, 7, 2]], &device);
+//! let types = ids.zeros_like();
+//! let mask = Tensor::<Flex, 2>::ones([1, 4], &device);
+//! let logits = model.forward(ids, types, mask);
+//! assert_eq!(logits.dims(), [1, 4, 9]);
+//! ```
+#![deny(missing_docs)]
+
+mod config;
+mod load;
+mod model;
+
+use std::path::PathBuf;
+
+pub use config::BertConfig;
+pub use load::{LoadReport, load_safetensors};
+pub use model::{Bert, BertForTokenClassification, Embeddings, Layer, mask_bias};
+
+/// A model that cannot be built or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum BertError {
+    /// A bad `config.json`.
+    #[error("{path}: {message}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A weights file that cannot be used.
+    #[error("{path}: {message}")]
+    Weights {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A tensor whose shape disagrees with the configuration.
+    #[error("{path}: tensor {tensor} has shape {found:?}, but the configuration needs {expected:?}")]
+    Shape {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The shape the model needs.
+        expected: Vec<usize>,
+        /// The shape in the file.
+        found: Vec<usize>,
+    },
+}

@@ -1,0 +1,200 @@
+//! The encoder: embeddings, N post-LayerNorm transformer layers, and a
+//! token-classification head, as plain burn modules.
+
+use burn::module::{Module, Param};
+use burn::nn::{
+    Dropout, DropoutConfig, Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig,
+};
+use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
+
+use crate::BertConfig;
+
+/// Word, position and token-type embeddings, summed, normalised, dropped out.
+#[derive(Module, Debug)]
+pub struct Embeddings<B: Backend> {
+    /// Word embeddings `[vocab, hidden]`.
+    pub word: Embedding<B>,
+    /// Position embeddings `[max_positions, hidden]`.
+    pub position: Embedding<B>,
+    /// Token-type embeddings `[types, hidden]`.
+    pub token_type: Embedding<B>,
+    /// LayerNorm.
+    pub norm: LayerNorm<B>,
+    /// Dropout.
+    pub dropout: Dropout,
+}
+
+impl<B: Backend> Embeddings<B> {
+    /// `ids` and `types`: `[batch, seq]`; returns `[batch, seq, hidden]`.
+    pub fn forward(&self, ids: Tensor<B, 2, Int>, types: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, seq] = ids.dims();
+        let device = ids.device();
+        let positions =
+            Tensor::<B, 1, Int>::arange(0..seq as i64, &device).reshape([1, seq]).repeat_dim(0, batch);
+        let x = self.word.forward(ids) + self.position.forward(positions) + self.token_type.forward(types);
+        self.dropout.forward(self.norm.forward(x))
+    }
+}
+
+/// One transformer layer: self-attention and a GELU feed-forward, each with a
+/// residual connection followed by LayerNorm (BERT's post-LN).
+#[derive(Module, Debug)]
+pub struct Layer<B: Backend> {
+    /// Query projection.
+    pub query: Linear<B>,
+    /// Key projection.
+    pub key: Linear<B>,
+    /// Value projection.
+    pub value: Linear<B>,
+    /// Attention output projection.
+    pub attention_output: Linear<B>,
+    /// LayerNorm after attention.
+    pub attention_norm: LayerNorm<B>,
+    /// Feed-forward in.
+    pub intermediate: Linear<B>,
+    /// Feed-forward out.
+    pub output: Linear<B>,
+    /// LayerNorm after the feed-forward.
+    pub output_norm: LayerNorm<B>,
+    /// Dropout on attention probabilities.
+    pub attention_dropout: Dropout,
+    /// Dropout on the two residual branches.
+    pub dropout: Dropout,
+    /// Attention heads.
+    pub heads: usize,
+}
+
+impl<B: Backend> Layer<B> {
+    /// `x`: `[batch, seq, hidden]`; `mask_bias`: `[batch, 1, 1, seq]`, 0 on real
+    /// tokens and a large negative number on padding.
+    pub fn forward(&self, x: Tensor<B, 3>, mask_bias: Tensor<B, 4>) -> Tensor<B, 3> {
+        let [batch, seq, hidden] = x.dims();
+        let head = hidden / self.heads;
+        let split = |t: Tensor<B, 3>| t.reshape([batch, seq, self.heads, head]).swap_dims(1, 2);
+        let q = split(self.query.forward(x.clone()));
+        let k = split(self.key.forward(x.clone()));
+        let v = split(self.value.forward(x.clone()));
+        let scores = q.matmul(k.transpose()) / (head as f64).sqrt() + mask_bias;
+        let probs = self.attention_dropout.forward(softmax(scores, 3));
+        let context = probs.matmul(v).swap_dims(1, 2).reshape([batch, seq, hidden]);
+        let attended =
+            self.attention_norm.forward(self.dropout.forward(self.attention_output.forward(context)) + x);
+        let inner = gelu(self.intermediate.forward(attended.clone()));
+        self.output_norm.forward(self.dropout.forward(self.output.forward(inner)) + attended)
+    }
+}
+
+/// The encoder: embeddings and layers.
+#[derive(Module, Debug)]
+pub struct Bert<B: Backend> {
+    /// Embeddings.
+    pub embeddings: Embeddings<B>,
+    /// Layers.
+    pub layers: Vec<Layer<B>>,
+}
+
+/// Turns a `[batch, seq]` 0/1 attention mask into the additive bias the layers use.
+pub fn mask_bias<B: Backend>(attention_mask: Tensor<B, 2>) -> Tensor<B, 4> {
+    let [batch, seq] = attention_mask.dims();
+    // (1 - mask) * -1e4: padding gets exp(-1e4) = 0 in f32, as with HF's finfo.min.
+    ((attention_mask.neg() + 1.0) * -10_000.0).reshape([batch, 1, 1, seq])
+}
+
+impl<B: Backend> Bert<B> {
+    /// Last hidden states `[batch, seq, hidden]`.
+    pub fn forward(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        types: Tensor<B, 2, Int>,
+        attention_mask: Tensor<B, 2>,
+    ) -> Tensor<B, 3> {
+        let bias = mask_bias(attention_mask);
+        let mut x = self.embeddings.forward(ids, types);
+        for layer in &self.layers {
+            x = layer.forward(x, bias.clone());
+        }
+        x
+    }
+}
+
+/// BERT with a linear classifier over each token's last hidden state.
+#[derive(Module, Debug)]
+pub struct BertForTokenClassification<B: Backend> {
+    /// The encoder.
+    pub bert: Bert<B>,
+    /// Dropout before the classifier.
+    pub dropout: Dropout,
+    /// `[hidden] -> [labels]`.
+    pub classifier: Linear<B>,
+}
+
+impl<B: Backend> BertForTokenClassification<B> {
+    /// Logits `[batch, seq, labels]`.
+    pub fn forward(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        types: Tensor<B, 2, Int>,
+        attention_mask: Tensor<B, 2>,
+    ) -> Tensor<B, 3> {
+        let hidden = self.bert.forward(ids, types, attention_mask);
+        self.classifier.forward(self.dropout.forward(hidden))
+    }
+
+    /// Number of labels.
+    pub fn num_labels(&self) -> usize {
+        self.classifier.weight.dims()[1]
+    }
+}
+
+fn norm<B: Backend>(c: &BertConfig, device: &B::Device) -> LayerNorm<B> {
+    LayerNormConfig::new(c.hidden_size).with_epsilon(c.layer_norm_eps).init(device)
+}
+
+fn linear<B: Backend>(d_in: usize, d_out: usize, device: &B::Device) -> Linear<B> {
+    LinearConfig::new(d_in, d_out).init(device)
+}
+
+impl BertConfig {
+    /// A randomly initialised model (burn's default initialisers).
+    pub fn init_token_classification<B: Backend>(
+        &self,
+        num_labels: usize,
+        device: &B::Device,
+    ) -> BertForTokenClassification<B> {
+        let h = self.hidden_size;
+        let embeddings = Embeddings {
+            word: EmbeddingConfig::new(self.vocab_size, h).init(device),
+            position: EmbeddingConfig::new(self.max_position_embeddings, h).init(device),
+            token_type: EmbeddingConfig::new(self.type_vocab_size, h).init(device),
+            norm: norm(self, device),
+            dropout: DropoutConfig::new(self.hidden_dropout_prob).init(),
+        };
+        let layers = (0..self.num_hidden_layers)
+            .map(|_| Layer {
+                query: linear(h, h, device),
+                key: linear(h, h, device),
+                value: linear(h, h, device),
+                attention_output: linear(h, h, device),
+                attention_norm: norm(self, device),
+                intermediate: linear(h, self.intermediate_size, device),
+                output: linear(self.intermediate_size, h, device),
+                output_norm: norm(self, device),
+                attention_dropout: DropoutConfig::new(self.attention_probs_dropout_prob).init(),
+                dropout: DropoutConfig::new(self.hidden_dropout_prob).init(),
+                heads: self.num_attention_heads,
+            })
+            .collect();
+        BertForTokenClassification {
+            bert: Bert { embeddings, layers },
+            dropout: DropoutConfig::new(self.hidden_dropout_prob).init(),
+            classifier: linear(h, num_labels, device),
+        }
+    }
+}
+
+/// Replaces a parameter's value, keeping its id.
+pub(crate) fn set<B: Backend, const D: usize>(param: &mut Param<Tensor<B, D>>, value: Tensor<B, D>) {
+    *param = Param::initialized(param.id, value);
+}
