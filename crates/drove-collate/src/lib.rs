@@ -12,6 +12,8 @@
 //! - [`batch`]: padding, collation and length bucketing.
 //! - [`loader`]: a thread pool building batches ahead, each worker with its own
 //!   stream.
+//! - [`entities`]: entity-level precision, recall and F1 (conlleval/seqeval
+//!   default mode) as counts that ranks can sum.
 //! - [`diag`]: cross-rank mask agreement, and a simulated run to measure it.
 //!
 //! The one design decision that matters: **the masker draws one number for every
@@ -35,6 +37,7 @@
 pub mod batch;
 pub mod conll;
 pub mod diag;
+pub mod entities;
 pub mod loader;
 pub mod mask;
 pub mod sampler;
