@@ -11,6 +11,8 @@
 //! the same model type, so ranks exchange matching buffers without naming them.
 #![deny(missing_docs)]
 
+pub mod schedule;
+
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
