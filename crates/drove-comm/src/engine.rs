@@ -60,6 +60,31 @@ fn disjoint(buf: &mut [u8], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u
     }
 }
 
+/// Elements per segment piece when `world` pieces share a `chunk`-byte staging
+/// buffer (a multiple of 16, so pieces stay 64-byte aligned).
+fn piece_elements(chunk: usize, world: usize, es: usize) -> usize {
+    (chunk / world / es / 16 * 16).max(16)
+}
+
+/// Copies piece `k` of every segment of `src` into `slot`, segment `q` at
+/// offset `q * piece` elements; returns the bytes copied.
+fn stage_pieces(
+    slot: &mut [u8],
+    src: &[u8],
+    segs: &[Range<usize>],
+    k: usize,
+    piece: usize,
+    es: usize,
+) -> usize {
+    let mut moved = 0;
+    for (q, seg) in segs.iter().enumerate() {
+        let p = scale(&piece_of(seg, k, piece), es);
+        slot[q * piece * es..][..p.len()].copy_from_slice(&src[p.clone()]);
+        moved += p.len();
+    }
+    moved
+}
+
 /// The `k`-th piece of `seg` when pieces have `piece` elements.
 fn piece_of(seg: &Range<usize>, k: usize, piece: usize) -> Range<usize> {
     let start = (seg.start + k * piece).min(seg.end);
@@ -178,21 +203,14 @@ impl Engine {
         let n = buf.len() / es;
         let segs = split(n, world);
         let shm = self.shm.as_mut().expect("shm transport");
-        let piece = (shm.chunk / world / es / 16 * 16).max(16);
+        let piece = piece_elements(shm.chunk, world, es);
         let rounds = segs.iter().map(|s| s.len().div_ceil(piece)).max().unwrap_or(0);
         let combine = Combine::from(red.op);
         let mut moved = 0;
         for k in 0..rounds {
             let b = (self.shm_round + k) % 2;
             let shm = self.shm.as_mut().expect("shm transport");
-            {
-                let slot = shm.slot(rank, b);
-                for (q, seg) in segs.iter().enumerate() {
-                    let p = scale(&piece_of(seg, k, piece), es);
-                    slot[q * piece * es..][..p.len()].copy_from_slice(&buf[p.clone()]);
-                    moved += p.len();
-                }
-            }
+            moved += stage_pieces(shm.slot(rank, b), buf, &segs, k, piece, es);
             shm.publish();
             shm.wait_all(&self.mesh, clock)?;
             let mine = scale(&piece_of(&segs[rank], k, piece), es);
@@ -355,7 +373,7 @@ impl Engine {
     ) -> Result<(), CommError> {
         let (rank, world, es) = (self.rank(), self.world(), red.dtype.size());
         let shm = self.shm.as_mut().expect("shm transport");
-        let piece = (shm.chunk / world / es / 16 * 16).max(16);
+        let piece = piece_elements(shm.chunk, world, es);
         let rounds = segs.iter().map(|s| s.len().div_ceil(piece)).max().unwrap_or(0);
         let combine = Combine::from(red.op);
         let base = segs[rank].start;
@@ -363,14 +381,7 @@ impl Engine {
             let b = (self.shm_round + k) % 2;
             let shm = self.shm.as_mut().expect("shm transport");
             let mut moved = 0;
-            {
-                let slot = shm.slot(rank, b);
-                for (q, seg) in segs.iter().enumerate() {
-                    let p = scale(&piece_of(seg, k, piece), es);
-                    slot[q * piece * es..][..p.len()].copy_from_slice(&input[p.clone()]);
-                    moved += p.len();
-                }
-            }
+            moved += stage_pieces(shm.slot(rank, b), input, segs, k, piece, es);
             shm.publish();
             shm.wait_all(&self.mesh, clock)?;
             let mine = piece_of(&segs[rank], k, piece);

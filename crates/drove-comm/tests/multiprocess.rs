@@ -229,7 +229,10 @@ fn a_stalled_rank_is_named_in_a_warning_and_then_in_the_timeout_error() {
                 "{transport}: {err}"
             );
             let ms = r["elapsed_ms"].as_u64().unwrap();
-            assert!((2000..10_000).contains(&ms), "{transport}: failed after {ms} ms");
+            // Its own deadline is 2 s; the other survivor's may pass a few ms sooner
+            // (their ops start apart), and its exit is then seen first.
+            let earliest = if err.contains("timed out") { 2000 } else { 1000 };
+            assert!((earliest..10_000).contains(&ms), "{transport}: failed after {ms} ms: {err}");
             let log = String::from_utf8_lossy(&w.outputs[rank].stderr);
             assert!(
                 log.contains("WARN") && log.contains("still waiting for rank(s) [1]"),
