@@ -73,17 +73,27 @@ impl<B: Backend> Layer<B> {
         let [batch, seq, hidden] = x.dims();
         let head = hidden / self.heads;
         let split = |t: Tensor<B, 3>| t.reshape([batch, seq, self.heads, head]).swap_dims(1, 2);
-        let q = split(self.query.forward(x.clone()));
-        let k = split(self.key.forward(x.clone()));
-        let v = split(self.value.forward(x.clone()));
+        let q = split(dense(&self.query, x.clone()));
+        let k = split(dense(&self.key, x.clone()));
+        let v = split(dense(&self.value, x.clone()));
         let scores = q.matmul(k.transpose()) / (head as f64).sqrt() + mask_bias;
         let probs = self.attention_dropout.forward(softmax(scores, 3));
         let context = probs.matmul(v).swap_dims(1, 2).reshape([batch, seq, hidden]);
         let attended =
-            self.attention_norm.forward(self.dropout.forward(self.attention_output.forward(context)) + x);
-        let inner = gelu(self.intermediate.forward(attended.clone()));
-        self.output_norm.forward(self.dropout.forward(self.output.forward(inner)) + attended)
+            self.attention_norm.forward(self.dropout.forward(dense(&self.attention_output, context)) + x);
+        let inner = gelu(dense(&self.intermediate, attended.clone()));
+        self.output_norm.forward(self.dropout.forward(dense(&self.output, inner)) + attended)
     }
+}
+
+/// A linear layer over `[batch, seq, d]`, applied to the flattened
+/// `[batch * seq, d]` rows: one GEMM for the weight gradient instead of a
+/// batched one whose per-row results are then summed (burn's 3-D path).
+fn dense<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let [batch, seq, d] = x.dims();
+    let y = linear.forward(x.reshape([batch * seq, d]));
+    let out = y.dims()[1];
+    y.reshape([batch, seq, out])
 }
 
 /// The encoder: embeddings and layers.
@@ -139,7 +149,7 @@ impl<B: Backend> BertForTokenClassification<B> {
         attention_mask: Tensor<B, 2>,
     ) -> Tensor<B, 3> {
         let hidden = self.bert.forward(ids, types, attention_mask);
-        self.classifier.forward(self.dropout.forward(hidden))
+        dense(&self.classifier, self.dropout.forward(hidden))
     }
 
     /// Number of labels.

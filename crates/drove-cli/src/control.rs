@@ -75,6 +75,10 @@ pub struct Target {
     /// Bearer token, if the coordinator requires one [default: $DROVE_TOKEN].
     #[arg(long, value_name = "TOKEN")]
     token: Option<String>,
+    /// Read a coordinator's store folder directly (as kept by `drove run
+    /// --store DIR`), serving it in-process on loopback for the query.
+    #[arg(long, value_name = "DIR", conflicts_with = "coordinator")]
+    store: Option<std::path::PathBuf>,
 }
 
 impl Target {
@@ -88,9 +92,27 @@ impl Target {
         Ok((addr, token_or_env(self.token.as_deref())))
     }
 
-    async fn connect(&self) -> anyhow::Result<Clients> {
+    /// Connects; with `--store`, first starts a coordinator on that store, which
+    /// lives as long as the returned handle.
+    async fn connect(&self) -> anyhow::Result<(Clients, Option<drove_coordinator::Server>)> {
+        if let Some(store) = &self.store {
+            if !store.is_dir() {
+                anyhow::bail!("no coordinator store at {}", store.display());
+            }
+            let config = drove_coordinator::Config {
+                listen: ([127, 0, 0, 1], 0).into(),
+                store: store.clone(),
+                token: None,
+                ..Default::default()
+            };
+            let server = drove_coordinator::start(&config)
+                .await
+                .map_err(|e| anyhow!("opening the store {}: {e}", store.display()))?;
+            let clients = connect(&server.addr().to_string(), None).await?;
+            return Ok((clients, Some(server)));
+        }
         let (addr, token) = self.resolve()?;
-        connect(&addr, token.as_deref()).await
+        Ok((connect(&addr, token.as_deref()).await?, None))
     }
 }
 
@@ -183,7 +205,7 @@ pub fn metrics(args: &MetricsArgs) -> anyhow::Result<()> {
     }
     let rt = runtime("drove-metrics")?;
     rt.block_on(async {
-        let mut clients = args.target.connect().await?;
+        let (mut clients, _server) = args.target.connect().await?;
         if args.watch { watch(args, &mut clients).await } else { query(args, &mut clients).await }
     })
 }
@@ -337,7 +359,7 @@ pub struct RunsArgs {
 pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
     let rt = runtime("drove-runs")?;
     let runs = rt.block_on(async {
-        let mut clients = args.target.connect().await?;
+        let (mut clients, _server) = args.target.connect().await?;
         let runs =
             clients.metrics.list_runs(ListRunsRequest {}).await.map_err(status_error)?.into_inner().runs;
         anyhow::Ok(runs)

@@ -48,6 +48,10 @@ pub struct RunArgs {
     /// Number of ranks (processes) to start on this host.
     #[arg(long, value_name = "N", value_parser = np)]
     np: usize,
+    /// Keep the in-process coordinator's store (metrics, runs) in this folder
+    /// instead of a temporary one; query it later with `drove metrics --store DIR`.
+    #[arg(long, value_name = "DIR", conflicts_with = "coordinator")]
+    pub store: Option<std::path::PathBuf>,
     /// A running coordinator (host:port) to use instead of starting one in-process.
     #[arg(long, value_name = "ADDR")]
     coordinator: Option<String>,
@@ -478,13 +482,27 @@ pub fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let addr = match &args.coordinator {
         Some(addr) => addr.clone(),
         None => {
-            let store = tempfile::Builder::new()
-                .prefix("drove-run-store-")
-                .tempdir()
-                .context("creating the coordinator's temporary store")?;
+            let store = match &args.store {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir)
+                        .with_context(|| format!("creating the coordinator's store {}", dir.display()))?;
+                    None
+                }
+                None => Some(
+                    tempfile::Builder::new()
+                        .prefix("drove-run-store-")
+                        .tempdir()
+                        .context("creating the coordinator's temporary store")?,
+                ),
+            };
+            let store_path = match (&store, &args.store) {
+                (Some(t), _) => t.path().to_path_buf(),
+                (None, Some(dir)) => dir.clone(),
+                (None, None) => unreachable!("one of the two is set"),
+            };
             let config = drove_coordinator::Config {
                 listen: ([127, 0, 0, 1], 0).into(),
-                store: store.path().to_path_buf(),
+                store: store_path,
                 token: token.clone(),
                 ..Default::default()
             };
@@ -512,6 +530,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         program.to_string_lossy()
     );
 
+    // As torchrun sets OMP_NUM_THREADS: the ranks share this host's cores.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).div_ceil(args.np).max(1);
     let mut env = vec![
         ("DROVE_WORLD_SIZE", args.np.to_string()),
         ("DROVE_LOCAL_WORLD_SIZE", args.np.to_string()),
@@ -520,6 +540,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     ];
     if let Some(t) = &token {
         env.push(("DROVE_TOKEN", t.clone()));
+    }
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        env.push(("RAYON_NUM_THREADS", threads.to_string()));
     }
     let spec = Spec {
         np: args.np,

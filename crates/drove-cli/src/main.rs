@@ -12,6 +12,10 @@
 //!   tokens per second, next to copy and RNG baselines from the same run.
 //! - `drove bench allreduce` spawns N local ranks and measures all-reduce and
 //!   broadcast bandwidth per message size, beside a memory-copy baseline.
+//! - `drove train ner` fine-tunes a BERT for named-entity recognition on
+//!   CoNLL-2003, alone or as one rank under `drove run`, with `--diagnose-every`
+//!   comparing the ranks' masks and gradients; `drove bench train` measures its
+//!   throughput.
 //! - `drove seed` prints a stream key, its derived seed and the first outputs of
 //!   its stream, and replays a logged derived seed.
 //! - `drove coordinator` serves the control plane (rendezvous, weights, metrics);
@@ -32,6 +36,7 @@ mod control;
 mod diag;
 mod launch;
 mod seed;
+mod train;
 
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
@@ -50,6 +55,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Training: `drove train ner` fine-tunes a BERT for NER (alone or under `drove run`).
+    Train {
+        #[command(subcommand)]
+        what: TrainCommand,
+    },
     /// Diagnostics of a data-parallel run.
     Diag {
         #[command(subcommand)]
@@ -77,6 +87,12 @@ enum Command {
 }
 
 #[derive(Debug, Subcommand)]
+enum TrainCommand {
+    /// Fine-tune a BERT token classifier on CoNLL-format NER data.
+    Ner(Box<train::NerArgs>),
+}
+
+#[derive(Debug, Subcommand)]
 enum DiagCommand {
     /// Cross-rank mask agreement of a simulated run (detects ranks that mask alike).
     Masks(diag::MasksArgs),
@@ -93,6 +109,8 @@ enum BenchCommand {
     AllreduceWorker(bench_comm::WorkerArgs),
     /// A coordinator's rendezvous latency, metric ingest rate and blob bandwidth.
     Coordinator(bench_coord::CoordinatorArgs),
+    /// Training throughput (sentences/s, tokens/s) and peak memory at 1 rank.
+    Train(train::TrainBenchArgs),
 }
 
 /// Logs to stderr, filtered by `RUST_LOG`, else by `default`.
@@ -108,11 +126,13 @@ fn init_tracing(default: &str) {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
+        Command::Train { what: TrainCommand::Ner(args) } => done(train::ner(&args)),
         Command::Diag { what: DiagCommand::Masks(args) } => done(diag::run(&args)),
         Command::Bench { what: BenchCommand::Mask(args) } => done(bench::run(&args)),
         Command::Bench { what: BenchCommand::Allreduce(args) } => done(bench_comm::run(&args)),
         Command::Bench { what: BenchCommand::AllreduceWorker(args) } => done(bench_comm::worker(&args)),
         Command::Bench { what: BenchCommand::Coordinator(args) } => done(bench_coord::run(&args)),
+        Command::Bench { what: BenchCommand::Train(args) } => done(train::bench(&args)),
         Command::Seed(args) => done(seed::run(&args)),
         Command::Coordinator(flags) => done(control::serve(&flags)),
         Command::Run(args) => launch::run(&args),

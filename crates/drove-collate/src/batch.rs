@@ -133,6 +133,7 @@ pub struct Collator {
     pad_id: u32,
     padding: Padding,
     masker: Option<Masker>,
+    stream_width: usize,
 }
 
 impl Collator {
@@ -142,7 +143,16 @@ impl Collator {
             Padding::Longest { multiple_of } => Padding::Longest { multiple_of: multiple_of.max(1) },
             fixed => fixed,
         };
-        Collator { pad_id, padding, masker }
+        Collator { pad_id, padding, masker, stream_width: 0 }
+    }
+
+    /// Makes a sequential mask stream advance by at least `width` draws per row,
+    /// whatever the padded width: as if every row were padded to `width` (the
+    /// tokenizer's maximum length), so how far a stream has advanced never
+    /// depends on the data. Per-sample streams are unaffected.
+    pub fn with_stream_width(mut self, width: usize) -> Self {
+        self.stream_width = width;
+        self
     }
 
     /// The masker, if any.
@@ -241,7 +251,12 @@ impl Collator {
                     let mut rng = streams.stream(sample as u64);
                     masker.mask_row(ids, maskable, cont, actions, &mut rng);
                 }
-                MaskSource::Sequential(rng) => masker.mask_row(ids, maskable, cont, actions, *rng),
+                MaskSource::Sequential(rng) => {
+                    masker.mask_row(ids, maskable, cont, actions, *rng);
+                    if self.stream_width > width {
+                        rng.advance((self.stream_width - width) as u128);
+                    }
+                }
             }
         }
         Ok(())

@@ -11,6 +11,9 @@
 //! the same model type, so ranks exchange matching buffers without naming them.
 #![deny(missing_docs)]
 
+pub mod checkpoint;
+pub mod flat;
+pub mod ner;
 pub mod schedule;
 
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};

@@ -6,7 +6,8 @@ use std::str::FromStr;
 
 /// How the learning rate grows with the number of ranks (the global batch grows
 /// with them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LrScaling {
     /// Keep the base rate.
     None,

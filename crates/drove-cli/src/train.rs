@@ -1,0 +1,404 @@
+//! `drove train ner`: fine-tunes a BERT for NER on CoNLL-format data, alone or as
+//! one rank under `drove run --np N`; and `drove bench train`, its throughput.
+//!
+//! Under a launcher the ranks join through `Communicator::from_env` and stream
+//! their metrics to the coordinator (`DROVE_COORDINATOR`); alone, the run is a
+//! world of one. Rank 0 shows progress (a bar on a terminal, a line every
+//! `--log-every` steps otherwise), writes checkpoints and predictions under
+//! `--out`, and prints the summary.
+
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, anyhow};
+use burn::backend::{Autodiff, Flex};
+use clap::Args;
+use drove_collate::MaskSeeding;
+use drove_comm::{Collective, Communicator, MetricsRecorder, SingleProcess};
+use drove_train::flat::AdamWSettings;
+use drove_train::ner::{DiagnoseReport, EvalReport, NerOptions, NerSummary, Observer, StepReport, train_ner};
+use drove_train::schedule::LrScaling;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::parse;
+
+type Backend = Autodiff<Flex>;
+
+/// Settings of `drove train ner`.
+#[derive(Debug, Args)]
+pub struct NerArgs {
+    /// Folder with train.txt, valid.txt and test.txt (CoNLL-2003 format).
+    #[arg(long, value_name = "DIR", default_value = "assets/conll2003")]
+    data: PathBuf,
+    /// Folder with config.json, model.safetensors and vocab.txt (HuggingFace layout).
+    #[arg(long, value_name = "DIR", default_value = "assets/minilm")]
+    model: PathBuf,
+    /// Output folder: checkpoints (with predictions beside them) and summary.json.
+    #[arg(long, value_name = "DIR", default_value = "runs/ner")]
+    out: PathBuf,
+    /// Epochs.
+    #[arg(long, default_value_t = 3, value_parser = |s: &str| parse::at_least(s, 1, "--epochs", ""))]
+    epochs: usize,
+    /// Sentences per batch on each rank.
+    #[arg(long, value_name = "PER_RANK", default_value_t = 32,
+          value_parser = |s: &str| parse::at_least(s, 1, "--batch-size", ""))]
+    batch_size: usize,
+    /// Peak learning rate for one rank (scaled by --lr-scaling with the world size).
+    #[arg(long, default_value_t = 5e-5)]
+    lr: f64,
+    /// How the learning rate grows with the world size: none, linear (Horovod) or sqrt.
+    #[arg(long, default_value = "linear")]
+    lr_scaling: LrScaling,
+    /// Fraction of the steps spent warming the learning rate up.
+    #[arg(long, default_value_t = 0.1)]
+    warmup: f64,
+    /// AdamW weight decay (not applied to biases and LayerNorm weights).
+    #[arg(long, default_value_t = 0.01)]
+    weight_decay: f64,
+    /// Clip the gradients' global norm to this (0: no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    clip_norm: f64,
+    /// Truncate sentences to this many tokens.
+    #[arg(long, default_value_t = 128, value_parser = |s: &str| parse::at_least(s, 3, "--max-len", ""))]
+    max_len: usize,
+    /// Mask each token with this probability as augmentation (0: none).
+    #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = parse::probability)]
+    augment_mask: f64,
+    /// How masks are seeded: derived (per sample, the default), per-worker, or
+    /// naive (the bug: every rank and worker the same stream).
+    #[arg(long, default_value = "derived", value_parser = parse::seeding)]
+    seeding: MaskSeeding,
+    /// Base seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Every N steps, compare the ranks' masks and local gradients (0: never).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    diagnose_every: usize,
+    /// The parameter whose local gradients --diagnose-every compares.
+    #[arg(long, value_name = "NAME", default_value = "bert.layers.last.query.weight")]
+    diagnose_parameter: String,
+    /// Train on the first N sentences only.
+    #[arg(long, value_name = "N")]
+    max_train_sentences: Option<usize>,
+    /// Evaluate on the first N sentences of each set only.
+    #[arg(long, value_name = "N")]
+    max_eval_sentences: Option<usize>,
+    /// Sets to evaluate after every epoch (comma-separated; empty for none).
+    #[arg(long, value_name = "SETS", default_value = "valid,test", value_delimiter = ',')]
+    eval: Vec<String>,
+    /// Also checkpoint every N steps within an epoch (0: at epoch ends only).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    checkpoint_every: usize,
+    /// Loader threads per rank.
+    #[arg(long, default_value_t = 2, value_parser = |s: &str| parse::at_least(s, 1, "--workers", ""))]
+    workers: usize,
+    /// Sort windows of N batches by length to cut padding (0: off).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    bucket_window: usize,
+    /// Dropout for every layer, overriding config.json (0 for exact comparisons).
+    #[arg(long, value_name = "P", value_parser = parse::probability)]
+    dropout: Option<f64>,
+    /// Continue from the latest checkpoint under --out.
+    #[arg(long)]
+    resume: bool,
+    /// Stop after N steps in this process (the schedule still spans the whole run).
+    #[arg(long, value_name = "N")]
+    max_steps: Option<u64>,
+    /// Show progress every N steps when not on a terminal.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    log_every: u64,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+impl NerArgs {
+    fn options(&self) -> NerOptions {
+        NerOptions {
+            data: self.data.clone(),
+            model: self.model.clone(),
+            out: self.out.clone(),
+            epochs: self.epochs,
+            batch_size: self.batch_size,
+            lr: self.lr,
+            lr_scaling: self.lr_scaling,
+            warmup_fraction: self.warmup,
+            adamw: AdamWSettings { weight_decay: self.weight_decay, ..AdamWSettings::default() },
+            clip_norm: self.clip_norm,
+            max_len: self.max_len,
+            lowercase: true,
+            augment_mask: self.augment_mask,
+            seeding: self.seeding,
+            seed: self.seed,
+            diagnose_every: self.diagnose_every,
+            diagnose_parameter: self.diagnose_parameter.clone(),
+            max_train_sentences: self.max_train_sentences,
+            max_eval_sentences: self.max_eval_sentences,
+            eval_sets: self.eval.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            checkpoint_every: self.checkpoint_every,
+            workers: self.workers,
+            bucket_window: self.bucket_window,
+            dropout: self.dropout,
+            resume: self.resume,
+            max_steps: self.max_steps,
+        }
+    }
+}
+
+/// Progress on rank 0 and metrics on every rank.
+struct Reporter {
+    rank: usize,
+    bar: Option<ProgressBar>,
+    log_every: u64,
+    metrics: Option<MetricsRecorder>,
+    started: Instant,
+}
+
+impl Reporter {
+    fn say(&self, line: &str) {
+        if self.rank != 0 {
+            return;
+        }
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    fn record(&self, step: u64, name: &str, value: f64) {
+        if let Some(m) = &self.metrics
+            && value.is_finite()
+        {
+            m.record(step as f64, name, value);
+        }
+    }
+}
+
+impl Observer for Reporter {
+    fn started(&mut self, done: u64, total: u64) {
+        if self.rank == 0 && std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new(total).with_position(done);
+            bar.set_style(
+                ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps {msg}")
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+            );
+            self.bar = Some(bar);
+        }
+        self.started = Instant::now();
+    }
+
+    fn step(&mut self, r: &StepReport) {
+        self.record(r.step, "loss", r.loss);
+        self.record(r.step, "lr", r.lr);
+        self.record(r.step, "grad_norm", r.grad_norm);
+        self.record(r.step, "sentences_per_s", r.sentences_per_s);
+        self.record(r.step, "tokens_per_s", r.tokens_per_s);
+        if self.rank != 0 {
+            return;
+        }
+        let msg = format!("epoch {} loss {:.4} lr {:.2e} {:.1} sent/s", r.epoch, r.loss, r.lr, r.sentences_per_s);
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(r.step);
+                bar.set_message(msg);
+            }
+            None if r.step % self.log_every.max(1) == 0 || r.step == r.total_steps => {
+                eprintln!("step {}/{} {msg} ({:.0} s)", r.step, r.total_steps, self.started.elapsed().as_secs_f64());
+            }
+            None => {}
+        }
+    }
+
+    fn evaluated(&mut self, r: &EvalReport) {
+        self.record(r.step, &format!("{}_f1", r.set), r.f1);
+        self.record(r.step, &format!("{}_precision", r.set), r.precision);
+        self.record(r.step, &format!("{}_recall", r.set), r.recall);
+        self.say(&format!(
+            "epoch {} {}: entity F1 {:.4} (precision {:.4}, recall {:.4}; tp {} fp {} fn {})",
+            r.epoch, r.set, r.f1, r.precision, r.recall, r.tp, r.fp, r.fn_
+        ));
+    }
+
+    fn diagnosed(&mut self, r: &DiagnoseReport) {
+        self.record(r.step, "mask_agreement", r.mask_agreement);
+        self.record(r.step, "grad_cosine", r.grad_cosine);
+        self.say(&format!(
+            "step {}: mask agreement {:.4}, gradient cosine {:.4}",
+            r.step, r.mask_agreement, r.grad_cosine
+        ));
+    }
+
+    fn note(&mut self, message: &str) {
+        self.say(message);
+    }
+}
+
+fn print_summary(summary: &NerSummary, json_out: bool) {
+    if json_out {
+        println!("{}", serde_json::to_string(summary).expect("a summary serialises"));
+        return;
+    }
+    match summary.test_f1 {
+        Some(f1) => println!("test entity F1: {f1:.4}"),
+        None => println!("test entity F1: not evaluated"),
+    }
+    match &summary.mask_agreement {
+        Some(a) => println!(
+            "mask agreement: {:.4} over {} diagnosed steps (independent masks: {:.4} +- {:.4}; {})",
+            a.mean_agreement,
+            a.steps,
+            a.expected,
+            a.sigma,
+            if a.within_3_sigma {
+                "within 3 sigma"
+            } else if a.mean_agreement > a.expected {
+                "ranks mask alike"
+            } else {
+                "below the band"
+            }
+        ),
+        None => println!("mask agreement: not diagnosed (pass --diagnose-every N)"),
+    }
+    match summary.grad_cosine {
+        Some(c) => println!("gradient cosine: {c:.4} (mean over pairs of ranks and diagnosed steps)"),
+        None => println!("gradient cosine: not diagnosed"),
+    }
+    println!(
+        "trained {} steps on {} rank(s): {:.1} sentences/s, {:.0} tokens/s",
+        summary.steps, summary.world_size, summary.sentences_per_s, summary.tokens_per_s
+    );
+}
+
+fn under_launcher() -> bool {
+    ["DROVE_COORDINATOR", "DROVE_RENDEZVOUS_DIR", "DROVE_PEERS", "DROVE_PEERS_FILE"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
+
+/// `drove train ner`.
+pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
+    let opts = args.options();
+    let comm: Box<dyn Collective> = if under_launcher() {
+        Box::new(Communicator::from_env().context("joining the other ranks")?)
+    } else {
+        Box::new(SingleProcess)
+    };
+    let rank = comm.rank();
+    let metrics = match std::env::var("DROVE_COORDINATOR") {
+        Ok(addr) => {
+            let run_id = std::env::var("DROVE_RUN_ID").unwrap_or_else(|_| "train".into());
+            let token = std::env::var("DROVE_TOKEN").ok();
+            Some(MetricsRecorder::new(&addr, token.as_deref(), &run_id, rank).context("connecting the metrics")?)
+        }
+        Err(_) => None,
+    };
+    let mut reporter = Reporter { rank, bar: None, log_every: args.log_every, metrics, started: Instant::now() };
+    let device = Default::default();
+    let summary = train_ner::<Backend, _>(&opts, comm.as_ref(), &mut reporter, &device)
+        .map_err(|e| anyhow!("rank {rank}: {e}"))?;
+    if let Some(bar) = reporter.bar.take() {
+        bar.finish_and_clear();
+    }
+    if let Some(m) = &reporter.metrics {
+        m.flush().context("storing the metrics on the coordinator")?;
+    }
+    if rank == 0 {
+        print_summary(&summary, args.json);
+    }
+    Ok(())
+}
+
+/// Settings of `drove bench train`.
+#[derive(Debug, Args)]
+pub struct TrainBenchArgs {
+    /// Folder with the CoNLL-2003 files.
+    #[arg(long, value_name = "DIR", default_value = "assets/conll2003")]
+    data: PathBuf,
+    /// Folder with the model.
+    #[arg(long, value_name = "DIR", default_value = "assets/minilm")]
+    model: PathBuf,
+    /// Sentences per batch.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Steps timed (after --warmup-steps untimed ones).
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Untimed steps first.
+    #[arg(long, default_value_t = 2)]
+    warmup_steps: u64,
+    /// Sort windows of N batches by length (0: off, as a plain random sampler).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    bucket_window: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Records each step's timing.
+struct Timer {
+    steps: Vec<(f64, f64)>, // (sentences/s, tokens/s)
+}
+
+impl Observer for Timer {
+    fn step(&mut self, r: &StepReport) {
+        self.steps.push((r.sentences_per_s, r.tokens_per_s));
+    }
+}
+
+/// Peak resident memory of this process, from /proc.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `drove bench train`.
+pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
+    let out = tempfile::tempdir().context("creating a scratch folder")?;
+    let opts = NerOptions {
+        data: args.data.clone(),
+        model: args.model.clone(),
+        out: out.path().to_path_buf(),
+        epochs: 1,
+        batch_size: args.batch_size,
+        eval_sets: Vec::new(),
+        bucket_window: args.bucket_window,
+        max_steps: Some(args.warmup_steps + args.steps),
+        ..NerOptions::default()
+    };
+    let mut timer = Timer { steps: Vec::new() };
+    let device = Default::default();
+    let started = Instant::now();
+    train_ner::<Backend, _>(&opts, &SingleProcess, &mut timer, &device).map_err(|e| anyhow!("{e}"))?;
+    let wall = started.elapsed().as_secs_f64();
+    let timed = &timer.steps[args.warmup_steps.min(timer.steps.len() as u64) as usize..];
+    // Harmonic means: total work over total time.
+    let mean = |f: fn(&(f64, f64)) -> f64| timed.len() as f64 / timed.iter().map(|s| 1.0 / f(s)).sum::<f64>();
+    let mut sorted: Vec<f64> = timed.iter().map(|s| s.0).collect();
+    sorted.sort_by(f64::total_cmp);
+    let report = json!({
+        "benchmark": "train",
+        "model": args.model.display().to_string(),
+        "batch_size": args.batch_size,
+        "bucket_window": args.bucket_window,
+        "threads": std::env::var("RAYON_NUM_THREADS").ok()
+            .and_then(|t| t.parse::<usize>().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        "steps_timed": timed.len(),
+        "sentences_per_s": mean(|s| s.0),
+        "tokens_per_s": mean(|s| s.1),
+        "median_sentences_per_s": sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "wall_seconds_including_load": wall,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+    }
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! Parameters and gradients as flat `f32` buffers in module order, and the
+//! optimiser that works on them.
+//!
+//! The distributed step averages gradients as flat buffers anyway, so the update
+//! runs there too: [`FlatAdamW`] is AdamW (decoupled weight decay, bias
+//! correction, as `torch.optim.AdamW`) fused into one pass per parameter, with
+//! the global-norm clipping of [`clip_global_norm`] before it. Its state (two
+//! moments per element and a step count) is plain data, so a checkpoint is a
+//! safetensors file.
+
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+
+use crate::TrainError;
+
+/// A model's float parameters, flattened, with their dotted names and shapes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FlatParams {
+    /// Dotted module paths, e.g. `bert.layers.5.query.weight`.
+    pub names: Vec<String>,
+    /// Shapes, as the model holds them.
+    pub shapes: Vec<Vec<usize>>,
+    /// Values, row-major.
+    pub values: Vec<Vec<f32>>,
+}
+
+impl FlatParams {
+    /// Reads every float parameter of `model`, in module order.
+    pub fn read<B: Backend, M: Module<B>>(model: &M) -> Result<Self, TrainError> {
+        let mut reader = Reader { path: Vec::new(), out: FlatParams::default(), error: None };
+        model.visit(&mut reader);
+        match reader.error {
+            Some(e) => Err(e),
+            None => Ok(reader.out),
+        }
+    }
+
+    /// Writes these values into `model`'s parameters (same order and shapes),
+    /// keeping each parameter's id and whether it requires a gradient.
+    pub fn write<B: Backend, M: Module<B>>(&self, model: M, device: &B::Device) -> M {
+        let mut writer = Writer { values: &self.values, index: 0, device: device.clone() };
+        model.map(&mut writer)
+    }
+
+    /// Total number of elements.
+    pub fn numel(&self) -> usize {
+        self.values.iter().map(Vec::len).sum()
+    }
+
+    /// Position of the parameter called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| n == name)
+    }
+}
+
+struct Reader {
+    path: Vec<String>,
+    out: FlatParams,
+    error: Option<TrainError>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for Reader {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let index = self.out.values.len();
+        let tensor = param.val();
+        let shape = tensor.dims().to_vec();
+        let values = match crate::to_f32(tensor.into_data(), index) {
+            Ok(v) => v,
+            Err(e) => {
+                self.error.get_or_insert(e);
+                vec![0.0; shape.iter().product()]
+            }
+        };
+        self.out.names.push(self.path.join("."));
+        self.out.shapes.push(shape);
+        self.out.values.push(values);
+    }
+}
+
+struct Writer<'a, B: Backend> {
+    values: &'a [Vec<f32>],
+    index: usize,
+    device: B::Device,
+}
+
+impl<B: Backend> ModuleMapper<B> for Writer<'_, B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let values = &self.values[self.index];
+        self.index += 1;
+        let (id, tensor, mapper) = param.consume();
+        let shape = tensor.dims();
+        let value = Tensor::<B, D>::from_data(TensorData::new(values.clone(), shape), &self.device)
+            .set_require_grad(tensor.is_require_grad());
+        Param::from_mapped_value(id, value, mapper)
+    }
+}
+
+/// Takes every float gradient out of `grads` as a flat buffer, in module order
+/// (zeros for a parameter that got none).
+pub fn take_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+) -> Result<Vec<Vec<f32>>, TrainError> {
+    struct Take<'a, B> {
+        grads: &'a mut GradientsParams,
+        out: Vec<Vec<f32>>,
+        error: Option<TrainError>,
+        _b: std::marker::PhantomData<B>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Take<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let index = self.out.len();
+            let numel: usize = param.val().dims().iter().product();
+            let values = match self.grads.remove::<B::InnerBackend, D>(param.id) {
+                Some(g) => crate::to_f32(g.into_data(), index).unwrap_or_else(|e| {
+                    self.error.get_or_insert(e);
+                    vec![0.0; numel]
+                }),
+                None => vec![0.0; numel],
+            };
+            self.out.push(values);
+        }
+    }
+    let mut take = Take::<B> { grads, out: Vec::new(), error: None, _b: std::marker::PhantomData };
+    model.visit(&mut take);
+    match take.error {
+        Some(e) => Err(e),
+        None => Ok(take.out),
+    }
+}
+
+/// The L2 norm of all gradients together.
+pub fn global_norm(grads: &[Vec<f32>]) -> f64 {
+    grads.iter().flat_map(|g| g.iter()).map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()
+}
+
+/// Scales every gradient by `max_norm / norm` when their global norm exceeds
+/// `max_norm` (as `torch.nn.utils.clip_grad_norm_`); returns the norm before
+/// clipping.
+pub fn clip_global_norm(grads: &mut [Vec<f32>], max_norm: f64) -> f64 {
+    let norm = global_norm(grads);
+    let scale = max_norm / (norm + 1e-6);
+    if scale < 1.0 {
+        let scale = scale as f32;
+        for x in grads.iter_mut().flat_map(|g| g.iter_mut()) {
+            *x *= scale;
+        }
+    }
+    norm
+}
+
+/// AdamW settings (`torch.optim.AdamW` / transformers' defaults but the decay).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdamWSettings {
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Added to the denominator.
+    pub epsilon: f64,
+    /// Decoupled weight decay (not applied to biases and LayerNorm weights).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWSettings {
+    fn default() -> Self {
+        AdamWSettings { beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.01 }
+    }
+}
+
+/// Whether a parameter takes weight decay: as transformers' `Trainer`, not the
+/// biases and not the LayerNorm weights.
+pub fn decays(name: &str) -> bool {
+    !(name.ends_with(".bias") || name.ends_with("bias") || name.contains("norm."))
+}
+
+/// AdamW over flat buffers; its state is two moments per element and a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FlatAdamW {
+    /// Settings.
+    pub settings: AdamWSettings,
+    /// Updates applied so far.
+    pub step: u64,
+    /// First moments, one buffer per parameter.
+    pub m: Vec<Vec<f32>>,
+    /// Second moments.
+    pub v: Vec<Vec<f32>>,
+    /// Whether each parameter decays.
+    pub decay: Vec<bool>,
+}
+
+impl FlatAdamW {
+    /// Fresh state for `params`.
+    pub fn new(settings: AdamWSettings, params: &FlatParams) -> Self {
+        FlatAdamW {
+            settings,
+            step: 0,
+            m: params.values.iter().map(|p| vec![0.0; p.len()]).collect(),
+            v: params.values.iter().map(|p| vec![0.0; p.len()]).collect(),
+            decay: params.names.iter().map(|n| decays(n)).collect(),
+        }
+    }
+
+    /// One update of `params` with `grads` at learning rate `lr`.
+    ///
+    /// # Panics
+    /// If `grads` does not match `params` buffer for buffer.
+    pub fn update(&mut self, params: &mut FlatParams, grads: &[Vec<f32>], lr: f64) {
+        assert_eq!(grads.len(), params.values.len(), "one gradient per parameter");
+        self.step += 1;
+        let s = self.settings;
+        let t = self.step as i32;
+        let c1 = 1.0 - s.beta1.powi(t);
+        let c2 = 1.0 - s.beta2.powi(t);
+        let step_size = (lr / c1) as f32;
+        let c2_sqrt = c2.sqrt() as f32;
+        let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.epsilon as f32);
+        for (i, ((p, g), (m, v))) in
+            params.values.iter_mut().zip(grads).zip(self.m.iter_mut().zip(self.v.iter_mut())).enumerate()
+        {
+            assert_eq!(p.len(), g.len(), "gradient {i} has the wrong length");
+            let keep = if self.decay[i] { (1.0 - lr * s.weight_decay) as f32 } else { 1.0 };
+            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                *p = *p * keep - step_size * *m / ((*v).sqrt() / c2_sqrt + eps);
+            }
+        }
+    }
+}
+
+/// Cosine similarity of two vectors (0 when either is zero).
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(x), f64::from(y));
+        dot += x * y;
+        na += x * x;
+        nb += y * y;
+    }
+    if na == 0.0 || nb == 0.0 { 0.0 } else { dot / (na.sqrt() * nb.sqrt()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clipping_scales_to_the_bound_and_leaves_small_gradients_alone() {
+        let mut g = vec![vec![3.0f32], vec![4.0]];
+        let norm = clip_global_norm(&mut g, 1.0);
+        assert!((norm - 5.0).abs() < 1e-9);
+        assert!((global_norm(&g) - 1.0).abs() < 1e-5, "{g:?}");
+        let mut small = vec![vec![0.3f32, 0.4]];
+        clip_global_norm(&mut small, 1.0);
+        assert_eq!(small, vec![vec![0.3f32, 0.4]]);
+    }
+
+    #[test]
+    fn adamw_matches_the_closed_form_first_step() {
+        // First step: m = (1-b1) g, v = (1-b2) g^2, so the update is lr * sign(g)
+        // (up to eps), after decay p *= 1 - lr * wd.
+        let mut params = FlatParams {
+            names: vec!["w.weight".into(), "w.bias".into()],
+            shapes: vec![vec![2], vec![1]],
+            values: vec![vec![1.0, -2.0], vec![0.5]],
+        };
+        let mut opt = FlatAdamW::new(AdamWSettings::default(), &params);
+        opt.update(&mut params, &[vec![0.1, -0.2], vec![3.0]], 0.01);
+        let keep = 1.0 - 0.01 * 0.01;
+        assert!((params.values[0][0] - (1.0 * keep - 0.01) as f32).abs() < 1e-6);
+        assert!((params.values[0][1] - (-2.0 * keep + 0.01) as f32).abs() < 1e-6);
+        assert!((params.values[1][0] - (0.5 - 0.01)).abs() < 1e-6, "bias does not decay");
+    }
+
+    #[test]
+    fn decay_excludes_biases_and_layer_norms() {
+        assert!(decays("bert.layers.0.query.weight"));
+        assert!(!decays("bert.layers.0.query.bias"));
+        assert!(!decays("bert.layers.0.attention_norm.gamma"));
+        assert!(!decays("bert.embeddings.norm.beta"));
+    }
+
+    #[test]
+    fn cosine_of_parallel_orthogonal_and_opposite_vectors() {
+        assert!((cosine(&[1.0, 2.0], &[2.0, 4.0]) - 1.0).abs() < 1e-12);
+        assert!(cosine(&[1.0, 0.0], &[0.0, 1.0]).abs() < 1e-12);
+        assert!((cosine(&[1.0, 2.0], &[-1.0, -2.0]) + 1.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,879 @@
+//! Fine-tuning a BERT for named-entity recognition on CoNLL-format data, on one
+//! rank or many, through the [`Collective`] trait.
+//!
+//! Each step: the rank's batch (its shard, masked as augmentation from its own
+//! stream), forward, a token-level cross-entropy normalised by the labelled
+//! tokens of the **global** batch (so N ranks x B rows equal one rank x N*B rows
+//! exactly), backward, gradients averaged across ranks, clipped by their global
+//! norm, and an AdamW update with warmup and linear decay. Every epoch the ranks
+//! evaluate their slices of the evaluation sets, sum entity-level TP/FP/FN across
+//! ranks, and rank 0 writes the predictions and a checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use drove_bert::{BertConfig, BertForTokenClassification};
+use drove_collate::diag::{AgreementAccumulator, AgreementReport, RowMasks};
+use drove_collate::entities::EntityCounts;
+use drove_collate::{
+    Batch, Bucketing, Collator, Corpus, DistributedSampler, Example, LabelSet, Loader, LoaderConfig,
+    MaskConfig, MaskSeeding, Masker, Padding, WordPieceTokenizer, read_conll,
+};
+use drove_comm::fusion::{FusionOptions, all_reduce_fused};
+use drove_comm::{Buffer, Collective, Element, ReduceOptions};
+use drove_seed::StreamKey;
+
+use crate::checkpoint::{self, LoopState};
+use crate::flat::{AdamWSettings, FlatAdamW, FlatParams, clip_global_norm, cosine, take_gradients};
+use crate::schedule::{LrScaling, WarmupLinear};
+
+/// Everything a fine-tune needs to know.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NerOptions {
+    /// Folder with `train.txt`, `valid.txt`, `test.txt` (CoNLL-2003 format).
+    pub data: PathBuf,
+    /// Folder with `config.json`, `model.safetensors`, `vocab.txt`.
+    pub model: PathBuf,
+    /// Output folder (checkpoints, predictions, summary).
+    pub out: PathBuf,
+    /// Epochs.
+    pub epochs: usize,
+    /// Rows per batch on each rank.
+    pub batch_size: usize,
+    /// Peak learning rate before scaling by world size.
+    pub lr: f64,
+    /// How the learning rate grows with the world size.
+    pub lr_scaling: LrScaling,
+    /// Fraction of the steps spent warming up.
+    pub warmup_fraction: f64,
+    /// AdamW settings.
+    pub adamw: AdamWSettings,
+    /// Clip gradients to this global norm (0: no clipping).
+    pub clip_norm: f64,
+    /// Truncation length in tokens.
+    pub max_len: usize,
+    /// Lowercase before WordPiece (uncased models such as MiniLM).
+    pub lowercase: bool,
+    /// Probability of masking a token as augmentation (0: none).
+    pub augment_mask: f64,
+    /// How the masks are seeded.
+    pub seeding: MaskSeeding,
+    /// Base seed.
+    pub seed: u64,
+    /// Compare ranks' masks and gradients every N steps (0: never).
+    pub diagnose_every: usize,
+    /// The parameter whose local gradients the diagnostic compares.
+    pub diagnose_parameter: String,
+    /// Use only the first N training sentences.
+    pub max_train_sentences: Option<usize>,
+    /// Use only the first N sentences of each evaluation set.
+    pub max_eval_sentences: Option<usize>,
+    /// Evaluate on these sets at the end of every epoch (`valid`, `test`).
+    pub eval_sets: Vec<String>,
+    /// Also checkpoint every N steps within an epoch (0: only at epoch ends).
+    pub checkpoint_every: usize,
+    /// Loader threads per rank.
+    pub workers: usize,
+    /// Sort windows of this many batches by length (0: no bucketing).
+    pub bucket_window: usize,
+    /// Override the dropout of `config.json` (e.g. 0 for exact comparisons).
+    pub dropout: Option<f64>,
+    /// Continue from the latest checkpoint in `out`.
+    pub resume: bool,
+    /// Stop after this many optimiser steps in this process (for tests and
+    /// benchmarks; the schedule still spans the whole run).
+    pub max_steps: Option<u64>,
+}
+
+impl Default for NerOptions {
+    fn default() -> Self {
+        NerOptions {
+            data: PathBuf::from("assets/conll2003"),
+            model: PathBuf::from("assets/minilm"),
+            out: PathBuf::from("runs/ner"),
+            epochs: 3,
+            batch_size: 32,
+            lr: 5e-5,
+            lr_scaling: LrScaling::Linear,
+            warmup_fraction: 0.1,
+            adamw: AdamWSettings::default(),
+            clip_norm: 1.0,
+            max_len: 128,
+            lowercase: true,
+            augment_mask: 0.0,
+            seeding: MaskSeeding::PerSample,
+            seed: 42,
+            diagnose_every: 0,
+            diagnose_parameter: String::from("bert.layers.last.query.weight"),
+            max_train_sentences: None,
+            max_eval_sentences: None,
+            eval_sets: vec!["valid".into(), "test".into()],
+            checkpoint_every: 0,
+            workers: 2,
+            bucket_window: 16,
+            dropout: None,
+            resume: false,
+            max_steps: None,
+        }
+    }
+}
+
+/// A fine-tune that cannot start or could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum NerError {
+    /// A missing asset folder or file.
+    #[error("{what} {path} does not exist{hint}")]
+    Missing {
+        /// What was expected.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// How to get it.
+        hint: String,
+    },
+    /// Bad data.
+    #[error(transparent)]
+    Data(#[from] drove_collate::ConllError),
+    /// Tokenization failed.
+    #[error("{path}: {source}")]
+    Tokenize {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: drove_collate::TokenizeError,
+    },
+    /// A bad model.
+    #[error(transparent)]
+    Model(#[from] drove_bert::BertError),
+    /// Bad settings.
+    #[error("invalid option: {0}")]
+    Options(String),
+    /// The loader failed.
+    #[error(transparent)]
+    Loader(#[from] drove_collate::LoaderError),
+    /// A collective failed (a rank died or disagreed).
+    #[error(transparent)]
+    Comm(#[from] drove_comm::CommError),
+    /// A step failed.
+    #[error(transparent)]
+    Train(#[from] crate::TrainError),
+    /// A checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    /// An output file could not be written.
+    #[error("{path}: {message}")]
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// One optimiser step, as seen by one rank.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StepReport {
+    /// Optimiser steps taken so far (this one included).
+    pub step: u64,
+    /// Total steps of the run.
+    pub total_steps: u64,
+    /// Epoch.
+    pub epoch: usize,
+    /// Mean token loss of this rank's batch.
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Sentences per second across all ranks, over this step.
+    pub sentences_per_s: f64,
+    /// Real tokens per second across all ranks, over this step.
+    pub tokens_per_s: f64,
+}
+
+/// One evaluation.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EvalReport {
+    /// Which set.
+    pub set: String,
+    /// After which epoch (1-based).
+    pub epoch: usize,
+    /// Step.
+    pub step: u64,
+    /// Entity counts, summed over ranks.
+    pub tp: u64,
+    /// False positives.
+    pub fp: u64,
+    /// False negatives.
+    pub fn_: u64,
+    /// Precision.
+    pub precision: f64,
+    /// Recall.
+    pub recall: f64,
+    /// F1.
+    pub f1: f64,
+    /// Sentences evaluated.
+    pub sentences: usize,
+}
+
+/// One diagnostic comparison across ranks.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct DiagnoseReport {
+    /// Step.
+    pub step: u64,
+    /// Mean over pairs of ranks of the fraction of positions (maskable on both)
+    /// where the masks agree.
+    pub mask_agreement: f64,
+    /// Mean over pairs of ranks of the cosine similarity of their local gradients.
+    pub grad_cosine: f64,
+}
+
+/// What the loop tells its caller as it goes (progress bars, metrics).
+pub trait Observer {
+    /// Before the first step: steps already done and in total.
+    fn started(&mut self, _done: u64, _total: u64) {}
+    /// After every step.
+    fn step(&mut self, _report: &StepReport) {}
+    /// After every evaluation.
+    fn evaluated(&mut self, _report: &EvalReport) {}
+    /// After every diagnostic comparison.
+    fn diagnosed(&mut self, _report: &DiagnoseReport) {}
+    /// A line worth showing (loading, checkpoints).
+    fn note(&mut self, _message: &str) {}
+}
+
+/// An observer that ignores everything.
+pub struct Quiet;
+impl Observer for Quiet {}
+
+/// The outcome of a fine-tune.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct NerSummary {
+    /// Ranks.
+    pub world_size: usize,
+    /// Steps taken in total (including before a resume).
+    pub steps: u64,
+    /// Evaluations, in order.
+    pub evaluations: Vec<EvalReport>,
+    /// The last test evaluation's F1, if the test set was evaluated.
+    pub test_f1: Option<f64>,
+    /// Mask agreement over every diagnosed step of this process, with its
+    /// expected value and sigma.
+    pub mask_agreement: Option<AgreementReport>,
+    /// Mean gradient cosine over the diagnosed steps.
+    pub grad_cosine: Option<f64>,
+    /// Training sentences per second (all ranks) over this process's steps.
+    pub sentences_per_s: f64,
+    /// Real tokens per second (all ranks).
+    pub tokens_per_s: f64,
+    /// Seconds spent in training steps.
+    pub train_seconds: f64,
+    /// The last checkpoint written.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// An evaluation set, tokenized.
+struct EvalSet {
+    name: String,
+    corpus: Corpus,
+    examples: Vec<Example>,
+}
+
+/// The data of a fine-tune: labels, tokenizer and the tokenized sets.
+pub struct NerData {
+    /// Labels, from the training set.
+    pub labels: LabelSet,
+    /// Tokenizer.
+    pub tokenizer: WordPieceTokenizer,
+    /// Training examples.
+    pub train: Vec<Example>,
+    eval: Vec<EvalSet>,
+}
+
+fn require(what: &'static str, path: &Path, hint: &str) -> Result<(), NerError> {
+    if path.exists() {
+        Ok(())
+    } else {
+        Err(NerError::Missing { what, path: path.to_path_buf(), hint: hint.to_string() })
+    }
+}
+
+const FETCH_HINT: &str = " (run scripts/fetch-assets.sh, or point --data/--model at the right folder)";
+
+impl NerData {
+    /// Reads and tokenizes the sets; a tag in an evaluation set that the
+    /// training set never uses is an error naming file and line.
+    pub fn load(opts: &NerOptions) -> Result<Self, NerError> {
+        require("data folder", &opts.data, FETCH_HINT)?;
+        require("model folder", &opts.model, FETCH_HINT)?;
+        let vocab = opts.model.join("vocab.txt");
+        require("vocabulary", &vocab, FETCH_HINT)?;
+        let train_path = opts.data.join("train.txt");
+        require("training set", &train_path, FETCH_HINT)?;
+        let mut train = read_conll(&train_path)?;
+        if let Some(n) = opts.max_train_sentences {
+            train.sentences.truncate(n);
+        }
+        let labels = LabelSet::from_corpus(&train);
+        let tokenizer = WordPieceTokenizer::from_vocab(&vocab, opts.lowercase, opts.max_len)
+            .map_err(|source| NerError::Tokenize { path: vocab.clone(), source })?;
+        let train_examples = tokenizer
+            .encode_all(&train.sentences, &labels)
+            .map_err(|source| NerError::Tokenize { path: train_path.clone(), source })?;
+        let mut eval = Vec::new();
+        for name in &opts.eval_sets {
+            let path = opts.data.join(format!("{name}.txt"));
+            require("evaluation set", &path, FETCH_HINT)?;
+            let mut corpus = read_conll(&path)?;
+            if let Some(n) = opts.max_eval_sentences {
+                corpus.sentences.truncate(n);
+            }
+            labels.check(&corpus).map_err(|e| match e {
+                drove_collate::ConllError::UnknownTag { path, line, tag, .. } => {
+                    drove_collate::ConllError::UnknownTag {
+                        path,
+                        line,
+                        tag,
+                        reason: format!(
+                            "never seen in the training set {} (its labels: {:?})",
+                            train_path.display(),
+                            labels.tags()
+                        ),
+                    }
+                }
+                other => other,
+            })?;
+            let examples = tokenizer
+                .encode_all(&corpus.sentences, &labels)
+                .map_err(|source| NerError::Tokenize { path: path.clone(), source })?;
+            eval.push(EvalSet { name: name.clone(), corpus, examples });
+        }
+        Ok(NerData { labels, tokenizer, train: train_examples, eval })
+    }
+}
+
+/// Reads `config.json` (with the dropout override) and loads the weights into a
+/// token classifier for `labels` labels; the classifier head starts from the
+/// seed's initialisation stream on every rank.
+pub fn load_model<B: Backend>(
+    opts: &NerOptions,
+    labels: usize,
+    device: &B::Device,
+) -> Result<(BertForTokenClassification<B>, drove_bert::LoadReport), NerError> {
+    let config_path = opts.model.join("config.json");
+    require("model config", &config_path, FETCH_HINT)?;
+    let weights = opts.model.join("model.safetensors");
+    require("model weights", &weights, FETCH_HINT)?;
+    let mut config = BertConfig::from_file(&config_path)?;
+    if let Some(p) = opts.dropout {
+        config.hidden_dropout_prob = p;
+        config.attention_probs_dropout_prob = p;
+    }
+    B::seed(device, StreamKey::init(opts.seed).derive().words()[0]);
+    let mut model = config.init_token_classification::<B>(labels, device);
+    let report = drove_bert::load_safetensors(&mut model, &weights, device).map_err(|e| match e {
+        drove_bert::BertError::Shape { path, tensor, expected, found } => drove_bert::BertError::Config {
+            path: config_path.clone(),
+            message: format!(
+                "sizes disagree with {}: tensor {tensor} has shape {found:?}, but config.json implies {expected:?}",
+                path.display()
+            ),
+        },
+        other => other,
+    })?;
+    Ok((model, report))
+}
+
+/// Resolves `bert.layers.last.…` to the last layer's index.
+fn resolve_parameter(name: &str, layers: usize) -> String {
+    name.replace("layers.last.", &format!("layers.{}.", layers.saturating_sub(1)))
+}
+
+/// The token cross-entropy, summed over labelled tokens and multiplied by
+/// `scale`; returns the loss tensor and the local mean for display.
+fn loss<B: Backend>(
+    logits: Tensor<B, 3>,
+    labels: &[i64],
+    num_labels: usize,
+    scale: f64,
+    device: &B::Device,
+) -> Tensor<B, 1> {
+    let [b, s, l] = logits.dims();
+    let mut onehot = vec![0f32; b * s * num_labels];
+    for (i, &y) in labels.iter().enumerate() {
+        if y >= 0 {
+            onehot[i * num_labels + y as usize] = 1.0;
+        }
+    }
+    let target = Tensor::<B, 2>::from_data(TensorData::new(onehot, [b * s, l]), device);
+    let logp = log_softmax(logits.reshape([b * s, l]), 1);
+    (logp * target).sum().neg() * scale
+}
+
+fn batch_tensors<B: Backend>(
+    batch: &Batch,
+    device: &B::Device,
+) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>, Tensor<B, 2>) {
+    let shape = [batch.batch_size, batch.seq_len];
+    let ids: Vec<i64> = batch.input_ids.iter().map(|&t| i64::from(t)).collect();
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, shape), device);
+    let types = ids.zeros_like();
+    let mask: Vec<f32> = batch.attention_mask.iter().map(|&m| f32::from(m)).collect();
+    let mask = Tensor::<B, 2>::from_data(TensorData::new(mask, shape), device);
+    (ids, types, mask)
+}
+
+/// Encodes a batch's masks for the all-gather: rows, width, then one code per
+/// position (0: not maskable, 1: maskable, 2: maskable and chosen).
+fn encode_masks(batch: &Batch) -> Vec<i32> {
+    let mut out = Vec::with_capacity(2 + batch.actions.len());
+    out.push(batch.batch_size as i32);
+    out.push(batch.seq_len as i32);
+    out.extend(batch.maskable.iter().zip(&batch.actions).map(|(&m, a)| i32::from(m) * (1 + i32::from(a.is_chosen()))));
+    out
+}
+
+fn decode_masks(codes: &[i32]) -> RowMasks {
+    let width = codes[1].max(0) as usize;
+    RowMasks {
+        width,
+        chosen: codes[2..].iter().map(|&c| c == 2).collect(),
+        maskable: codes[2..].iter().map(|&c| c > 0).collect(),
+    }
+}
+
+fn split_gathered<T: Clone>(data: &[T], first_dims: &[usize]) -> Vec<Vec<T>> {
+    let mut out = Vec::with_capacity(first_dims.len());
+    let mut at = 0;
+    for &n in first_dims {
+        out.push(data[at..at + n].to_vec());
+        at += n;
+    }
+    out
+}
+
+/// Fine-tunes on `comm`'s ranks. Every rank calls this with the same options.
+pub fn train_ner<B, C>(
+    opts: &NerOptions,
+    comm: &C,
+    observer: &mut dyn Observer,
+    device: &B::Device,
+) -> Result<NerSummary, NerError>
+where
+    B: AutodiffBackend,
+    C: Collective + ?Sized,
+{
+    let (rank, world) = (comm.rank(), comm.world_size());
+    if opts.batch_size == 0 || opts.epochs == 0 {
+        return Err(NerError::Options("--batch-size and --epochs must be at least 1".into()));
+    }
+    if !(0.0..=1.0).contains(&opts.augment_mask) {
+        return Err(NerError::Options(format!("--augment-mask must be in [0, 1], found {}", opts.augment_mask)));
+    }
+    let data = NerData::load(opts)?;
+    observer.note(&format!(
+        "rank {rank}/{world}: {} training sentences, {} labels, evaluation sets {:?}",
+        data.train.len(),
+        data.labels.len(),
+        opts.eval_sets
+    ));
+    let (model, report) = load_model::<B>(opts, data.labels.len(), device)?;
+    if !report.missing.iter().all(|n| n.starts_with("classifier")) {
+        return Err(NerError::Options(format!(
+            "{}: the weights lack encoder tensors {:?}",
+            opts.model.join("model.safetensors").display(),
+            report.missing
+        )));
+    }
+    let layers = model.bert.layers.len();
+    let mut model = crate::broadcast_parameters(model, comm, 0, device)?;
+    let mut params = FlatParams::read(&model)?;
+    let diag_name = resolve_parameter(&opts.diagnose_parameter, layers);
+    let diag_index = if opts.diagnose_every > 0 {
+        Some(params.index_of(&diag_name).ok_or_else(|| {
+            NerError::Options(format!(
+                "--diagnose-parameter {diag_name:?} is not a parameter; some that are: {:?}",
+                &params.names[params.names.len().saturating_sub(6)..]
+            ))
+        })?)
+    } else {
+        None
+    };
+    let mut optim = FlatAdamW::new(opts.adamw, &params);
+
+    // Data: this rank's shard, masked from its own streams.
+    let special = data.tokenizer.special();
+    let masker = if opts.augment_mask > 0.0 {
+        Some(
+            Masker::new(
+                MaskConfig { probability: opts.augment_mask, ..MaskConfig::default() },
+                special.mask,
+                special.vocab_size,
+            )
+            .map_err(|e| NerError::Options(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    // Sequential streams advance by max_len draws per row whatever the padding,
+    // as the story's collate padded to max_length: naive seeding then gives every
+    // rank the same pattern, as it did there.
+    let collator =
+        Arc::new(Collator::new(special.pad, Padding::Longest { multiple_of: 1 }, masker).with_stream_width(opts.max_len));
+    let train: Arc<[Example]> = data.train.clone().into();
+    let sampler = DistributedSampler::new(train.len(), world, rank, opts.seed)
+        .map_err(|e| NerError::Options(e.to_string()))?;
+    let loader = Loader::new(
+        Arc::clone(&train),
+        sampler,
+        Arc::clone(&collator),
+        LoaderConfig {
+            batch_size: opts.batch_size,
+            workers: opts.workers.max(1),
+            prefetch: 2,
+            drop_last: false,
+            bucketing: (opts.bucket_window > 0).then_some(Bucketing { window_batches: opts.bucket_window }),
+            seeding: opts.seeding,
+            seed: opts.seed,
+        },
+    )?;
+    let steps_per_epoch = loader.plan(0).len();
+    let total_steps = (steps_per_epoch * opts.epochs) as u64;
+    let peak = opts.lr_scaling.scale(opts.lr, world);
+    let schedule = WarmupLinear::with_fraction(peak, opts.warmup_fraction, total_steps as usize);
+
+    // Resume.
+    let ckpt_root = opts.out.join("checkpoints");
+    let mut state = LoopState {
+        epoch: 0,
+        batch: 0,
+        global_step: 0,
+        world_size: world,
+        batch_size: opts.batch_size,
+        seed: opts.seed,
+        train_sentences: train.len(),
+        history: Vec::new(),
+    };
+    let mut last_checkpoint = None;
+    if opts.resume {
+        match checkpoint::latest(&ckpt_root)? {
+            Some(dir) => {
+                let loaded = checkpoint::load(&dir, &mut params, &mut optim)?;
+                let s = &loaded.state;
+                for (what, theirs, ours) in [
+                    ("world size", s.world_size, world),
+                    ("batch size", s.batch_size, opts.batch_size),
+                    ("training sentences", s.train_sentences, train.len()),
+                ] {
+                    if theirs != ours {
+                        return Err(checkpoint::CheckpointError::Mismatch {
+                            path: dir.clone(),
+                            message: format!("it was written with {what} {theirs}, this run has {ours}"),
+                        }
+                        .into());
+                    }
+                }
+                if s.seed != opts.seed {
+                    return Err(checkpoint::CheckpointError::Mismatch {
+                        path: dir.clone(),
+                        message: format!("it was written with seed {}, this run has {}", s.seed, opts.seed),
+                    }
+                    .into());
+                }
+                state = loaded.state;
+                model = params.write(model, device);
+                observer.note(&format!(
+                    "resumed from {} at epoch {}, batch {}, step {}",
+                    dir.display(),
+                    state.epoch + 1,
+                    state.batch,
+                    state.global_step
+                ));
+                last_checkpoint = Some(dir);
+            }
+            None => observer.note(&format!("no checkpoint in {}: starting afresh", ckpt_root.display())),
+        }
+    }
+
+    let mut evaluations: Vec<EvalReport> =
+        state.history.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
+    let mut agreement = AgreementAccumulator::new(world, opts.augment_mask);
+    let (mut cos_sum, mut cos_n) = (0f64, 0u64);
+    let (mut sentences, mut tokens, mut train_seconds) = (0u64, 0u64, 0f64);
+    let mut steps_here = 0u64;
+    let num_labels = data.labels.len();
+    observer.started(state.global_step, total_steps);
+
+    'epochs: while state.epoch < opts.epochs {
+        let epoch = state.epoch;
+        let batches = loader.epoch(epoch as u64);
+        for (b, batch) in batches.enumerate() {
+            let batch = batch?;
+            if b < state.batch {
+                continue; // done before the checkpoint we resumed from
+            }
+            if opts.max_steps.is_some_and(|m| steps_here >= m) {
+                break 'epochs;
+            }
+            let t0 = Instant::now();
+            let step = state.global_step + 1;
+            // Dropout draws from this rank's stream for this step.
+            B::seed(device, StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0]);
+            let mut counts = [batch.labels.iter().filter(|&&y| y >= 0).count() as f64, batch.real_tokens() as f64];
+            comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
+            let labelled_global = counts[0].max(1.0);
+            let (ids, types, mask) = batch_tensors::<B>(&batch, device);
+            let logits = model.forward(ids, types, mask);
+            let local = loss(logits, &batch.labels, num_labels, world as f64 / labelled_global, device);
+            let loss_value = f64::from(local.clone().into_scalar().elem::<f32>());
+            let mut grads = GradientsParams::from_grads(local.backward(), &model);
+            let mut flat = take_gradients(&model, &mut grads)?;
+            drop(grads);
+
+            if let Some(index) = diag_index.filter(|_| opts.diagnose_every > 0 && step % opts.diagnose_every as u64 == 0) {
+                let report = diagnose(comm, &batch, &flat[index], step, &mut agreement)?;
+                cos_sum += report.grad_cosine;
+                cos_n += 1;
+                observer.diagnosed(&report);
+            }
+
+            {
+                let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
+                all_reduce_fused(comm, "gradients", &mut refs, ReduceOptions::average(), FusionOptions::default())?;
+            }
+            let grad_norm =
+                if opts.clip_norm > 0.0 { clip_global_norm(&mut flat, opts.clip_norm) } else { crate::flat::global_norm(&flat) };
+            let lr = schedule.lr(state.global_step as usize);
+            optim.update(&mut params, &flat, lr);
+            model = params.write(model, device);
+            state.global_step = step;
+            state.batch = b + 1;
+            steps_here += 1;
+
+            let dt = t0.elapsed().as_secs_f64();
+            train_seconds += dt;
+            sentences += (batch.batch_size * world) as u64;
+            tokens += counts[1] as u64;
+            // The loss is scaled for the global batch; report this rank's mean.
+            let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count().max(1) as f64;
+            observer.step(&StepReport {
+                step,
+                total_steps,
+                epoch: epoch + 1,
+                loss: loss_value * labelled_global / world as f64 / local_labelled,
+                lr,
+                grad_norm,
+                sentences_per_s: (batch.batch_size * world) as f64 / dt,
+                tokens_per_s: counts[1] / dt,
+            });
+            if opts.checkpoint_every > 0 && step % opts.checkpoint_every as u64 == 0 && state.batch < steps_per_epoch {
+                comm.barrier("checkpoint")?;
+                if rank == 0 {
+                    let dir = checkpoint::save(&ckpt_root, &params, &optim, &state, &[], 2)?;
+                    observer.note(&format!("checkpoint {}", dir.display()));
+                    last_checkpoint = Some(dir);
+                }
+            }
+        }
+        if state.batch < steps_per_epoch {
+            break; // stopped by max_steps
+        }
+        // End of epoch: evaluate, then checkpoint with the predictions beside it.
+        state.epoch += 1;
+        state.batch = 0;
+        let inference = model.valid();
+        let mut extra = Vec::new();
+        for set in &data.eval {
+            let (report, predictions) =
+                evaluate::<B::InnerBackend, C>(&inference, set, &data.labels, comm, state.epoch, state.global_step, device)?;
+            observer.evaluated(&report);
+            state.history.push(serde_json::to_value(&report).expect("a report serialises"));
+            evaluations.push(report);
+            if let Some(text) = predictions {
+                extra.push((format!("{}.predictions.conll", set.name), text));
+            }
+        }
+        comm.barrier("checkpoint")?;
+        if rank == 0 {
+            let dir = checkpoint::save(&ckpt_root, &params, &optim, &state, &extra, 2)?;
+            observer.note(&format!("checkpoint {}", dir.display()));
+            last_checkpoint = Some(dir);
+        }
+    }
+
+    let test_f1 = evaluations.iter().rev().find(|e| e.set == "test").map(|e| e.f1);
+    let summary = NerSummary {
+        world_size: world,
+        steps: state.global_step,
+        evaluations,
+        test_f1,
+        mask_agreement: (agreement.report().steps > 0).then(|| agreement.report()),
+        grad_cosine: (cos_n > 0).then(|| cos_sum / cos_n as f64),
+        sentences_per_s: if train_seconds > 0.0 { sentences as f64 / train_seconds } else { 0.0 },
+        tokens_per_s: if train_seconds > 0.0 { tokens as f64 / train_seconds } else { 0.0 },
+        train_seconds,
+        checkpoint: last_checkpoint,
+    };
+    if rank == 0 {
+        std::fs::create_dir_all(&opts.out)
+            .map_err(|e| NerError::Output { path: opts.out.clone(), message: e.to_string() })?;
+        let path = opts.out.join("summary.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&summary).expect("a summary serialises"))
+            .map_err(|e| NerError::Output { path, message: e.to_string() })?;
+    }
+    Ok(summary)
+}
+
+/// All-gathers this step's masks and the local gradient of the diagnosed
+/// parameter; every rank computes the same report.
+fn diagnose<C: Collective + ?Sized>(
+    comm: &C,
+    batch: &Batch,
+    grad: &[f32],
+    step: u64,
+    run: &mut AgreementAccumulator,
+) -> Result<DiagnoseReport, NerError> {
+    let codes = encode_masks(batch);
+    let gathered = comm.all_gather("diagnose.masks", &[codes.len()], i32::tensor_ref(&codes))?;
+    let Buffer::I32(all) = gathered.data else { unreachable!("gathered i32") };
+    let masks: Vec<RowMasks> =
+        split_gathered(&all, &gathered.first_dims).iter().map(|c| decode_masks(c)).collect();
+    let mut this_step = AgreementAccumulator::new(masks.len(), 0.5);
+    this_step.add_step(&masks);
+    run.add_step(&masks);
+    let gathered = comm.all_gather("diagnose.gradient", &[grad.len()], f32::tensor_ref(grad))?;
+    let Buffer::F32(all) = gathered.data else { unreachable!("gathered f32") };
+    let grads = split_gathered(&all, &gathered.first_dims);
+    let (mut sum, mut pairs) = (0f64, 0u64);
+    for a in 0..grads.len() {
+        for b in a + 1..grads.len() {
+            sum += cosine(&grads[a], &grads[b]);
+            pairs += 1;
+        }
+    }
+    Ok(DiagnoseReport {
+        step,
+        mask_agreement: this_step.report().mean_agreement,
+        grad_cosine: if pairs == 0 { 1.0 } else { sum / pairs as f64 },
+    })
+}
+
+/// Evaluates this rank's slice (sentences `rank`, `rank + W`, ...) of `set`,
+/// sums the entity counts across ranks and, on rank 0, returns the CoNLL
+/// predictions file of the whole set.
+fn evaluate<B: Backend, C: Collective + ?Sized>(
+    model: &BertForTokenClassification<B>,
+    set: &EvalSet,
+    labels: &LabelSet,
+    comm: &C,
+    epoch: usize,
+    step: u64,
+    device: &B::Device,
+) -> Result<(EvalReport, Option<Vec<u8>>), NerError> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let mut mine: Vec<usize> = (rank..set.examples.len()).step_by(world).collect();
+    mine.sort_by_key(|&i| set.examples[i].len());
+    let collator = Collator::new(0, Padding::Longest { multiple_of: 1 }, None);
+    let mut counts = EntityCounts::default();
+    // Encoded as [sentence, words, label ids...] per sentence, for the gather.
+    let mut encoded: Vec<i32> = Vec::new();
+    for chunk in mine.chunks(64) {
+        let examples: Vec<&Example> = chunk.iter().map(|&i| &set.examples[i]).collect();
+        let batch = collator
+            .collate(&examples, chunk, drove_collate::MaskSource::None)
+            .map_err(|e| NerError::Options(e.to_string()))?;
+        let (ids, types, mask) = batch_tensors::<B>(&batch, device);
+        let predicted = model.forward(ids, types, mask).argmax(2);
+        let predicted: Vec<i64> = predicted
+            .into_data()
+            .convert::<i64>()
+            .to_vec::<i64>()
+            .map_err(|e| NerError::Options(format!("reading predictions: {e:?}")))?;
+        for (r, &i) in chunk.iter().enumerate() {
+            let sentence = &set.corpus.sentences[i];
+            let example = &set.examples[i];
+            let mut words = vec![0usize; sentence.words.len()]; // "O" where truncated away
+            for (t, (&w, &y)) in example.word_ids.iter().zip(&example.labels).enumerate() {
+                if let (Some(w), true) = (w, y >= 0) {
+                    words[w as usize] = predicted[r * batch.seq_len + t].max(0) as usize;
+                }
+            }
+            let tags: Vec<&str> = words.iter().map(|&k| labels.tags()[k].as_str()).collect();
+            counts.add(EntityCounts::sentence(&sentence.tags, &tags));
+            encoded.push(i as i32);
+            encoded.push(words.len() as i32);
+            encoded.extend(words.iter().map(|&k| k as i32));
+        }
+    }
+    let mut sums = [counts.tp as i64, counts.fp as i64, counts.fn_ as i64];
+    comm.all_reduce("eval.counts", &[3], i64::tensor_mut(&mut sums), ReduceOptions::sum())?;
+    let total = EntityCounts { tp: sums[0] as u64, fp: sums[1] as u64, fn_: sums[2] as u64 };
+    let gathered = comm.all_gather("eval.predictions", &[encoded.len()], i32::tensor_ref(&encoded))?;
+    let text = if rank == 0 {
+        let Buffer::I32(all) = gathered.data else { unreachable!("gathered i32") };
+        let mut per_sentence: Vec<Vec<usize>> = vec![Vec::new(); set.corpus.sentences.len()];
+        let mut at = 0;
+        while at + 1 < all.len() {
+            let (i, n) = (all[at] as usize, all[at + 1] as usize);
+            per_sentence[i] = all[at + 2..at + 2 + n].iter().map(|&k| k as usize).collect();
+            at += 2 + n;
+        }
+        let mut out = String::new();
+        for (s, predicted) in set.corpus.sentences.iter().zip(&per_sentence) {
+            for (k, (word, gold)) in s.words.iter().zip(&s.tags).enumerate() {
+                let p = predicted.get(k).map_or("O", |&id| labels.tags()[id].as_str());
+                out.push_str(&format!("{word} {gold} {p}\n"));
+            }
+            out.push('\n');
+        }
+        Some(out.into_bytes())
+    } else {
+        None
+    };
+    Ok((
+        EvalReport {
+            set: set.name.clone(),
+            epoch,
+            step,
+            tp: total.tp,
+            fp: total.fp,
+            fn_: total.fn_,
+            precision: total.precision(),
+            recall: total.recall(),
+            f1: total.f1(),
+            sentences: set.examples.len(),
+        },
+        text,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_layer_alias_resolves() {
+        assert_eq!(resolve_parameter("bert.layers.last.query.weight", 6), "bert.layers.5.query.weight");
+        assert_eq!(resolve_parameter("classifier.weight", 6), "classifier.weight");
+    }
+
+    #[test]
+    fn masks_survive_the_encoding() {
+        use drove_collate::MaskAction;
+        let batch = Batch {
+            batch_size: 1,
+            seq_len: 4,
+            maskable: vec![false, true, true, false],
+            actions: vec![MaskAction::None, MaskAction::Mask, MaskAction::None, MaskAction::None],
+            ..Batch::default()
+        };
+        let masks = decode_masks(&encode_masks(&batch));
+        assert_eq!(masks, RowMasks::from(&batch));
+    }
+}
