@@ -27,12 +27,14 @@
 #![deny(missing_docs)]
 
 mod config;
+mod dropout;
 mod load;
 mod model;
 
 use std::path::PathBuf;
 
 pub use config::BertConfig;
+pub use dropout::{dropout, seed_dropout};
 pub use load::{LoadReport, load_safetensors};
 pub use model::{Bert, BertForTokenClassification, Embeddings, Layer, mask_bias};
 

@@ -10,6 +10,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 
 use crate::BertConfig;
+use crate::dropout::dropout;
 
 /// Word, position and token-type embeddings, summed, normalised, dropped out.
 #[derive(Module, Debug)]
@@ -34,7 +35,7 @@ impl<B: Backend> Embeddings<B> {
         let positions =
             Tensor::<B, 1, Int>::arange(0..seq as i64, &device).reshape([1, seq]).repeat_dim(0, batch);
         let x = self.word.forward(ids) + self.position.forward(positions) + self.token_type.forward(types);
-        self.dropout.forward(self.norm.forward(x))
+        dropout(&self.dropout, self.norm.forward(x))
     }
 }
 
@@ -77,12 +78,12 @@ impl<B: Backend> Layer<B> {
         let k = split(dense(&self.key, x.clone()));
         let v = split(dense(&self.value, x.clone()));
         let scores = q.matmul(k.transpose()) / (head as f64).sqrt() + mask_bias;
-        let probs = self.attention_dropout.forward(softmax(scores, 3));
+        let probs = dropout(&self.attention_dropout, softmax(scores, 3));
         let context = probs.matmul(v).swap_dims(1, 2).reshape([batch, seq, hidden]);
         let attended =
-            self.attention_norm.forward(self.dropout.forward(dense(&self.attention_output, context)) + x);
+            self.attention_norm.forward(dropout(&self.dropout, dense(&self.attention_output, context)) + x);
         let inner = gelu(dense(&self.intermediate, attended.clone()));
-        self.output_norm.forward(self.dropout.forward(dense(&self.output, inner)) + attended)
+        self.output_norm.forward(dropout(&self.dropout, dense(&self.output, inner)) + attended)
     }
 }
 
@@ -149,7 +150,7 @@ impl<B: Backend> BertForTokenClassification<B> {
         attention_mask: Tensor<B, 2>,
     ) -> Tensor<B, 3> {
         let hidden = self.bert.forward(ids, types, attention_mask);
-        dense(&self.classifier, self.dropout.forward(hidden))
+        dense(&self.classifier, dropout(&self.dropout, hidden))
     }
 
     /// Number of labels.

@@ -112,6 +112,13 @@ pub struct NerArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Make rank --rank-to-fail kill itself with SIGKILL right after step N (a
+    /// test of failure handling and --resume).
+    #[arg(long, value_name = "N", hide = true)]
+    fail_at_step: Option<u64>,
+    /// The rank that --fail-at-step kills.
+    #[arg(long, value_name = "R", default_value_t = 0, hide = true, requires = "fail_at_step")]
+    rank_to_fail: usize,
 }
 
 impl NerArgs {
@@ -154,6 +161,7 @@ struct Reporter {
     log_every: u64,
     metrics: Option<MetricsRecorder>,
     started: Instant,
+    fail_at: Option<(u64, usize)>,
 }
 
 impl Reporter {
@@ -191,6 +199,16 @@ impl Observer for Reporter {
     }
 
     fn step(&mut self, r: &StepReport) {
+        if self.fail_at == Some((r.step, self.rank)) {
+            if let Some(m) = &self.metrics {
+                let _ = m.flush();
+            }
+            eprintln!("rank {}: killing itself with SIGKILL after step {} (--fail-at-step)", self.rank, r.step);
+            // SAFETY: kill(2) on this process; nothing is left to clean up.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
         self.record(r.step, "loss", r.loss);
         self.record(r.step, "lr", r.lr);
         self.record(r.step, "grad_norm", r.grad_norm);
@@ -295,7 +313,14 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
         }
         Err(_) => None,
     };
-    let mut reporter = Reporter { rank, bar: None, log_every: args.log_every, metrics, started: Instant::now() };
+    let mut reporter = Reporter {
+        rank,
+        bar: None,
+        log_every: args.log_every,
+        metrics,
+        started: Instant::now(),
+        fail_at: args.fail_at_step.map(|s| (s, args.rank_to_fail)),
+    };
     let device = Default::default();
     let summary = train_ner::<Backend, _>(&opts, comm.as_ref(), &mut reporter, &device)
         .map_err(|e| anyhow!("rank {rank}: {e}"))?;

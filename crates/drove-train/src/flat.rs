@@ -141,7 +141,20 @@ pub fn take_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
 
 /// The L2 norm of all gradients together.
 pub fn global_norm(grads: &[Vec<f32>]) -> f64 {
-    grads.iter().flat_map(|g| g.iter()).map(|&x| f64::from(x) * f64::from(x)).sum::<f64>().sqrt()
+    // Blocks of 4096 summed in 16 f32 lanes (vectorised), the blocks in f64.
+    let mut total = 0f64;
+    for block in grads.iter().flat_map(|g| g.chunks(4096)) {
+        let mut lanes = [0f32; 16];
+        let mut chunks = block.chunks_exact(16);
+        for c in &mut chunks {
+            for (l, &x) in lanes.iter_mut().zip(c) {
+                *l += x * x;
+            }
+        }
+        let tail: f32 = chunks.remainder().iter().map(|&x| x * x).sum();
+        total += lanes.iter().map(|&l| f64::from(l)).sum::<f64>() + f64::from(tail);
+    }
+    total.sqrt()
 }
 
 /// Scales every gradient by `max_norm / norm` when their global norm exceeds

@@ -624,7 +624,7 @@ where
             let t0 = Instant::now();
             let step = state.global_step + 1;
             // Dropout draws from this rank's stream for this step.
-            B::seed(device, StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0]);
+            drove_bert::seed_dropout(StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0]);
             let mut counts = [batch.labels.iter().filter(|&&y| y >= 0).count() as f64, batch.real_tokens() as f64];
             comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
             let labelled_global = counts[0].max(1.0);

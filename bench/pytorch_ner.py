@@ -1,0 +1,164 @@
+"""The reference recipe in PyTorch/transformers, for side-by-side comparison with
+`drove train ner` / `drove bench train`.
+
+MiniLM-L6 + a token-classification head on CoNLL-2003 train; AdamW lr 5e-5,
+weight decay 0.01 (not on biases and LayerNorm weights, as transformers'
+Trainer), linear schedule with 10% warmup, gradient clipping at norm 1.0,
+batch 32, max length 128, first-subword labels, dynamic padding, no augmentation.
+
+    python bench/pytorch_ner.py --steps 20            # throughput, one JSON line
+    python bench/pytorch_ner.py --epochs 3            # full fine-tune, test F1 per epoch
+
+Needs torch, transformers and (for F1) seqeval: `pip install -r bench/requirements.txt`.
+"""
+
+import argparse
+import json
+import os
+import random
+import time
+
+import torch
+from transformers import AutoModelForTokenClassification, AutoTokenizer, get_linear_schedule_with_warmup
+
+LABELS = ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+
+
+def read_conll(path):
+    sentences, words, tags = [], [], []
+    for line in open(path, encoding="utf-8"):
+        line = line.strip()
+        if not line or line.startswith("-DOCSTART-"):
+            if words:
+                sentences.append((words, tags))
+                words, tags = [], []
+            continue
+        cols = line.split()
+        words.append(cols[0])
+        tags.append(cols[-1])
+    if words:
+        sentences.append((words, tags))
+    # IOB1 -> IOB2, as drove's reader does.
+    for _, t in sentences:
+        prev = "O"
+        for i, tag in enumerate(t):
+            if tag.startswith("I-") and (prev == "O" or prev[2:] != tag[2:]):
+                t[i] = "B-" + tag[2:]
+            prev = t[i]
+    return sentences
+
+
+def encode(tokenizer, sentences, max_len):
+    out = []
+    for words, tags in sentences:
+        enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_len)
+        labels, prev = [], None
+        for w in enc.word_ids():
+            labels.append(-100 if w is None or w == prev else LABELS.index(tags[w]))
+            prev = w
+        out.append((enc["input_ids"], labels, enc.word_ids()))
+    return out
+
+
+def collate(batch, pad_id):
+    width = max(len(ids) for ids, _, _ in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for i, (x, y, _) in enumerate(batch):
+        ids[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(x)] = 1
+        labels[i, : len(y)] = torch.tensor(y)
+    return ids, mask, labels
+
+
+def evaluate(model, data, sentences, pad_id):
+    from seqeval.metrics import f1_score
+
+    model.eval()
+    gold, pred = [], []
+    with torch.no_grad():
+        for start in range(0, len(data), 64):
+            chunk = data[start : start + 64]
+            ids, mask, _ = collate(chunk, pad_id)
+            logits = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+            for r, (_, labels, word_ids) in enumerate(chunk):
+                words, tags = sentences[start + r]
+                p = ["O"] * len(words)
+                for t, (w, y) in enumerate(zip(word_ids, labels)):
+                    if w is not None and y != -100:
+                        p[w] = LABELS[logits[r, t]]
+                gold.append(tags)
+                pred.append(p)
+    model.train()
+    return f1_score(gold, pred)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="assets/conll2003")
+    ap.add_argument("--model", default="assets/minilm")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=0, help="time this many steps after 2 warm-up steps, then stop")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=42)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    train = read_conll(os.path.join(args.data, "train.txt"))
+    data = encode(tokenizer, train, 128)
+    model = AutoModelForTokenClassification.from_pretrained(args.model, num_labels=len(LABELS))
+    no_decay = ["bias", "LayerNorm.weight"]
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)], "weight_decay": 0.01},
+        {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)], "weight_decay": 0.0},
+    ]
+    optim = torch.optim.AdamW(groups, lr=5e-5)
+    steps_per_epoch = (len(data) + args.batch_size - 1) // args.batch_size
+    total = steps_per_epoch * args.epochs
+    schedule = get_linear_schedule_with_warmup(optim, int(0.1 * total), total)
+    pad = tokenizer.pad_token_id
+    model.train()
+    timed, sentences, tokens, step = 0.0, 0, 0, 0
+    history = []
+    for epoch in range(args.epochs):
+        order = list(range(len(data)))
+        random.shuffle(order)
+        for b in range(steps_per_epoch):
+            batch = [data[i] for i in order[b * args.batch_size : (b + 1) * args.batch_size]]
+            ids, mask, labels = collate(batch, pad)
+            t0 = time.perf_counter()
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            schedule.step()
+            optim.zero_grad()
+            dt = time.perf_counter() - t0
+            step += 1
+            if step > 2:
+                timed += dt
+                sentences += len(batch)
+                tokens += int(mask.sum())
+            if args.steps and step >= args.steps + 2:
+                print(json.dumps({
+                    "benchmark": "train", "implementation": "pytorch", "torch": torch.__version__,
+                    "threads": args.threads, "batch_size": args.batch_size, "steps_timed": step - 2,
+                    "sentences_per_s": sentences / timed, "tokens_per_s": tokens / timed,
+                }))
+                return
+        if not args.steps:
+            test = read_conll(os.path.join(args.data, "test.txt"))
+            f1 = evaluate(model, encode(tokenizer, test, 128), test, pad)
+            history.append({"epoch": epoch + 1, "test_f1": f1})
+            print(json.dumps(history[-1]), flush=True)
+    print(json.dumps({"implementation": "pytorch", "history": history,
+                      "sentences_per_s": sentences / timed, "tokens_per_s": tokens / timed}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+//! `drove train ner` as real processes on the real CoNLL-2003 files and MiniLM
+//! weights (fetched by `scripts/fetch-assets.sh`): gradient averaging across
+//! processes is exact, a rank killed mid-epoch stops the run and `--resume`
+//! finishes it as if nothing happened, and bad input gets errors naming the
+//! file and the problem. Every wait has a deadline.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::Duration;
+
+const DROVE: &str = env!("CARGO_BIN_EXE_drove");
+const DEADLINE: Duration = Duration::from_secs(600);
+
+fn assets() -> &'static PathBuf {
+    static ASSETS: OnceLock<PathBuf> = OnceLock::new();
+    ASSETS.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = std::env::var_os("DROVE_ASSETS").map(PathBuf::from).unwrap_or_else(|| root.join("assets"));
+        let status = Command::new("bash")
+            .arg(root.join("scripts/fetch-assets.sh"))
+            .env("DROVE_ASSETS", &dir)
+            .stdout(Stdio::null())
+            .status()
+            .expect("running scripts/fetch-assets.sh");
+        assert!(status.success(), "scripts/fetch-assets.sh failed ({status}); the tests need the real assets");
+        dir
+    })
+}
+
+/// Runs `cmd` to completion, killing it if it outlives the deadline.
+fn run(cmd: &mut Command) -> Output {
+    let what = format!("{cmd:?}");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+    let pid = child.id() as i32;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(DEADLINE) {
+        Ok(out) => out.unwrap_or_else(|e| panic!("waiting for {what}: {e}")),
+        Err(_) => {
+            // SAFETY: kill(2) on a child we started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{what} did not finish within {DEADLINE:?}");
+        }
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// `drove train ner` on the real assets with the given extra arguments.
+fn train(out: &Path, extra: &[&str]) -> Command {
+    let a = assets();
+    train_on(&a.join("conll2003"), &a.join("minilm"), out, extra)
+}
+
+fn train_on(data: &Path, model: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(DROVE);
+    cmd.args(["train", "ner", "--data"])
+        .arg(data)
+        .arg("--model")
+        .arg(model)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+fn under_run(np: usize, inner: Command) -> Command {
+    let mut cmd = Command::new(DROVE);
+    cmd.args(["run", "--np", &np.to_string(), "--"]).arg(inner.get_program()).args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    cmd
+}
+
+fn read_model(dir: &Path) -> HashMap<String, Vec<f32>> {
+    let latest = std::fs::read_to_string(dir.join("checkpoints/latest")).expect("a latest checkpoint");
+    let bytes = std::fs::read(dir.join("checkpoints").join(latest.trim()).join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let values = v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            (name, values)
+        })
+        .collect()
+}
+
+fn summary(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("summary.json")).expect("summary.json")).unwrap()
+}
+
+/// Largest absolute difference over the largest absolute value, over every tensor.
+fn relative_difference(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let (mut diff, mut scale) = (0f32, 0f32);
+    for (name, x) in a {
+        let y = &b[name];
+        for (p, q) in x.iter().zip(y) {
+            diff = diff.max((p - q).abs());
+            scale = scale.max(p.abs());
+        }
+    }
+    diff / scale
+}
+
+const SMALL: &[&str] = &["--max-train-sentences", "16", "--epochs", "5", "--dropout", "0", "--eval", ""];
+
+#[test]
+fn two_processes_of_8_equal_one_of_16() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    let common = [SMALL, &["--lr-scaling", "none", "--lr", "1e-4", "--warmup", "0"]].concat();
+    let out = run(train(&one, &[&common[..], &["--batch-size", "16"]].concat()).env("RAYON_NUM_THREADS", "2"));
+    assert!(out.status.success(), "{}", text(&out));
+    let out = run(&mut under_run(2, train(&two, &[&common[..], &["--batch-size", "8"]].concat())));
+    assert!(out.status.success(), "{}", text(&out));
+    let (a, b) = (read_model(&one), read_model(&two));
+    assert_eq!(summary(&one)["steps"], 5);
+    assert_eq!(summary(&two)["steps"], 5);
+    let d = relative_difference(&a, &b);
+    assert!(d < 1e-5, "parameters differ by {d} (relative) after 5 steps");
+    // The comparison can fail: one step fewer is far outside the bound.
+    let short = dir.path().join("short");
+    let out = run(&mut train(&short, &[&common[..], &["--batch-size", "16", "--max-steps", "4"]].concat()));
+    assert!(out.status.success(), "{}", text(&out));
+    let d = relative_difference(&a, &read_model(&short));
+    assert!(d > 1e-4, "4 steps and 5 steps differ by only {d}");
+}
+
+#[test]
+fn a_rank_killed_mid_epoch_stops_the_run_and_resume_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, broken) = (dir.path().join("whole"), dir.path().join("broken"));
+    // 64 sentences over 2 ranks of 8: 4 steps an epoch, 2 epochs, dropout on.
+    let args = [
+        "--max-train-sentences",
+        "64",
+        "--max-eval-sentences",
+        "48",
+        "--eval",
+        "test",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--checkpoint-every",
+        "3",
+        "--augment-mask",
+        "0.15",
+    ];
+    let out = run(&mut under_run(2, train(&whole, &args)));
+    assert!(out.status.success(), "{}", text(&out));
+
+    let kill = [&args[..], &["--fail-at-step", "7", "--rank-to-fail", "1"]].concat();
+    let out = run(&mut under_run(2, train(&broken, &kill)));
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(137), "the run exits as its killed rank did: {log}");
+    assert!(log.contains("rank 1") && log.contains("SIGKILL"), "{log}");
+    // The last checkpoint is the mid-epoch one of step 6, complete and loadable.
+    let latest = std::fs::read_to_string(broken.join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "step-00000006");
+    assert_eq!(read_model(&broken).len(), read_model(&whole).len());
+
+    let resume = [&args[..], &["--resume"]].concat();
+    let out = run(&mut under_run(2, train(&broken, &resume)));
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("resumed from") && log.contains("step 6"), "{log}");
+    let (a, b) = (summary(&whole), summary(&broken));
+    assert_eq!(b["steps"], 8);
+    let (fa, fb) = (a["test_f1"].as_f64().unwrap(), b["test_f1"].as_f64().unwrap());
+    assert!((fa - fb).abs() <= 0.005, "test F1 {fb} after resuming vs {fa} uninterrupted");
+    let d = relative_difference(&read_model(&whole), &read_model(&broken));
+    assert!(d < 1e-5, "resumed parameters differ by {d} (relative)");
+}
+
+#[test]
+fn a_missing_asset_folder_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(&mut train_on(Path::new("/nonexistent/conll"), &assets().join("minilm"), dir.path(), &[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("data folder /nonexistent/conll does not exist") && err.contains("fetch-assets"), "{err}");
+}
+
+#[test]
+fn a_config_that_disagrees_with_the_weights_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    let real = assets().join("minilm");
+    for f in ["model.safetensors", "vocab.txt"] {
+        std::os::unix::fs::symlink(real.join(f), model.join(f)).unwrap();
+    }
+    let config = std::fs::read_to_string(real.join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    config["intermediate_size"] = 1024.into();
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let out = run(&mut train_on(&assets().join("conll2003"), &model, &dir.path().join("out"), SMALL));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("config.json") && err.contains("model.safetensors") && err.contains("[1536") && err.contains("1024"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_test_label_never_seen_in_training_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("train.txt"), "Alice NNP B-NP B-PER\nsmiled VBD B-VP O\n\nBob NNP B-NP B-PER\nran VBD B-VP O\n")
+        .unwrap();
+    std::fs::write(data.join("valid.txt"), "Alice NNP B-NP B-PER\n").unwrap();
+    std::fs::write(data.join("test.txt"), "Bob NNP B-NP B-PER\nin IN B-PP O\nParis NNP B-NP B-LOC\n").unwrap();
+    let out = run(&mut train_on(&data, &assets().join("minilm"), &dir.path().join("out"), &[]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("test.txt:3") && err.contains("B-LOC") && err.contains("never seen"), "{err}");
+}
+
+#[test]
+fn an_unreadable_checkpoint_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let step = out_dir.join("checkpoints/step-00000003");
+    std::fs::create_dir_all(&step).unwrap();
+    std::fs::write(out_dir.join("checkpoints/latest"), "step-00000003").unwrap();
+    std::fs::write(
+        step.join("state.json"),
+        r#"{"epoch":0,"batch":3,"global_step":3,"world_size":1,"batch_size":32,"seed":42,"train_sentences":16,"history":[],"optimizer_step":3}"#,
+    )
+    .unwrap();
+    std::fs::write(step.join("model.safetensors"), b"not really").unwrap();
+    let out = run(&mut train(&out_dir, &[SMALL, &["--resume"]].concat()));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("step-00000003/model.safetensors") && err.contains("unreadable"), "{err}");
+}
