@@ -139,8 +139,9 @@ fn two_processes_of_8_equal_one_of_16() {
     let short = dir.path().join("short");
     let out = run(&mut train(&short, &[&common[..], &["--batch-size", "16", "--max-steps", "4"]].concat()));
     assert!(out.status.success(), "{}", text(&out));
-    let d = relative_difference(&a, &read_model(&short));
-    assert!(d > 1e-4, "4 steps and 5 steps differ by only {d}");
+    let moved = relative_difference(&a, &read_model(&short));
+    eprintln!("2x8 vs 1x16: {d:e}; the last step moved the parameters by {moved:e}");
+    assert!(d < moved / 100.0, "the runs differ by {d}, a hundredth of a step is {}", moved / 100.0);
 }
 
 #[test]
