@@ -205,7 +205,9 @@ impl BertConfig {
     }
 }
 
-/// Replaces a parameter's value, keeping its id.
+/// Replaces a parameter's value, keeping its id and whether it is trained (a
+/// tensor made from data does not track gradients by itself).
 pub(crate) fn set<B: Backend, const D: usize>(param: &mut Param<Tensor<B, D>>, value: Tensor<B, D>) {
-    *param = Param::initialized(param.id, value);
+    let trained = param.val().is_require_grad();
+    *param = Param::initialized(param.id, value.set_require_grad(trained));
 }

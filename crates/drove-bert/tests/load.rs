@@ -124,3 +124,30 @@ fn unreadable_files_and_bad_configs_are_named() {
     let err = BertConfig::from_file(dir.path().join("absent.json")).unwrap_err().to_string();
     assert!(err.contains("absent.json: cannot read"), "{err}");
 }
+
+#[test]
+fn loaded_weights_stay_trainable() {
+    // A tensor made from data does not track gradients: loading must keep every
+    // parameter trainable, or fine-tuning silently trains the classifier alone.
+    use burn::backend::Autodiff;
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::Tensor;
+    struct Frozen(Vec<usize>, usize);
+    impl ModuleVisitor<Autodiff<Flex>> for Frozen {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<Autodiff<Flex>, D>>) {
+            if !p.val().is_require_grad() {
+                self.0.push(self.1);
+            }
+            self.1 += 1;
+        }
+    }
+    let config = BertConfig::tiny(50);
+    let device = Default::default();
+    let file = write(&checkpoint(&config, "bert.", 0.5, None));
+    let mut model = config.init_token_classification::<Autodiff<Flex>>(9, &device);
+    load_safetensors(&mut model, file.path(), &device).unwrap();
+    let mut frozen = Frozen(Vec::new(), 0);
+    model.visit(&mut frozen);
+    assert!(frozen.1 > 10);
+    assert!(frozen.0.is_empty(), "parameters {:?} of {} no longer require gradients", frozen.0, frozen.1);
+}
