@@ -203,7 +203,10 @@ impl Observer for Reporter {
             if let Some(m) = &self.metrics {
                 let _ = m.flush();
             }
-            eprintln!("rank {}: killing itself with SIGKILL after step {} (--fail-at-step)", self.rank, r.step);
+            eprintln!(
+                "rank {}: killing itself with SIGKILL after step {} (--fail-at-step)",
+                self.rank, r.step
+            );
             // SAFETY: kill(2) on this process; nothing is left to clean up.
             unsafe {
                 libc::kill(libc::getpid(), libc::SIGKILL);
@@ -217,14 +220,20 @@ impl Observer for Reporter {
         if self.rank != 0 {
             return;
         }
-        let msg = format!("epoch {} loss {:.4} lr {:.2e} {:.1} sent/s", r.epoch, r.loss, r.lr, r.sentences_per_s);
+        let msg =
+            format!("epoch {} loss {:.4} lr {:.2e} {:.1} sent/s", r.epoch, r.loss, r.lr, r.sentences_per_s);
         match &self.bar {
             Some(bar) => {
                 bar.set_position(r.step);
                 bar.set_message(msg);
             }
-            None if r.step % self.log_every.max(1) == 0 || r.step == r.total_steps => {
-                eprintln!("step {}/{} {msg} ({:.0} s)", r.step, r.total_steps, self.started.elapsed().as_secs_f64());
+            None if r.step.is_multiple_of(self.log_every.max(1)) || r.step == r.total_steps => {
+                eprintln!(
+                    "step {}/{} {msg} ({:.0} s)",
+                    r.step,
+                    r.total_steps,
+                    self.started.elapsed().as_secs_f64()
+                );
             }
             None => {}
         }
@@ -309,7 +318,10 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
         Ok(addr) => {
             let run_id = std::env::var("DROVE_RUN_ID").unwrap_or_else(|_| "train".into());
             let token = std::env::var("DROVE_TOKEN").ok();
-            Some(MetricsRecorder::new(&addr, token.as_deref(), &run_id, rank).context("connecting the metrics")?)
+            Some(
+                MetricsRecorder::new(&addr, token.as_deref(), &run_id, rank)
+                    .context("connecting the metrics")?,
+            )
         }
         Err(_) => None,
     };

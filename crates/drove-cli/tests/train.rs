@@ -25,7 +25,10 @@ fn assets() -> &'static PathBuf {
             .stdout(Stdio::null())
             .status()
             .expect("running scripts/fetch-assets.sh");
-        assert!(status.success(), "scripts/fetch-assets.sh failed ({status}); the tests need the real assets");
+        assert!(
+            status.success(),
+            "scripts/fetch-assets.sh failed ({status}); the tests need the real assets"
+        );
         dir
     })
 }
@@ -55,7 +58,11 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 fn text(out: &Output) -> String {
-    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// `drove train ner` on the real assets with the given extra arguments.
@@ -95,7 +102,8 @@ fn read_model(dir: &Path) -> HashMap<String, Vec<f32>> {
     st.tensors()
         .into_iter()
         .map(|(name, v)| {
-            let values = v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            let values =
+                v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
             (name, values)
         })
         .collect()
@@ -126,7 +134,8 @@ fn two_processes_of_8_equal_one_of_16() {
     let dir = tempfile::tempdir().unwrap();
     let (one, two) = (dir.path().join("one"), dir.path().join("two"));
     let common = [SMALL, &["--lr-scaling", "none", "--lr", "1e-4", "--warmup", "0"]].concat();
-    let out = run(train(&one, &[&common[..], &["--batch-size", "16"]].concat()).env("RAYON_NUM_THREADS", "2"));
+    let out =
+        run(train(&one, &[&common[..], &["--batch-size", "16"]].concat()).env("RAYON_NUM_THREADS", "2"));
     assert!(out.status.success(), "{}", text(&out));
     let out = run(&mut under_run(2, train(&two, &[&common[..], &["--batch-size", "8"]].concat())));
     assert!(out.status.success(), "{}", text(&out));
@@ -197,7 +206,10 @@ fn a_missing_asset_folder_is_named() {
     let out = run(&mut train_on(Path::new("/nonexistent/conll"), &assets().join("minilm"), dir.path(), &[]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("data folder /nonexistent/conll does not exist") && err.contains("fetch-assets"), "{err}");
+    assert!(
+        err.contains("data folder /nonexistent/conll does not exist") && err.contains("fetch-assets"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -217,7 +229,10 @@ fn a_config_that_disagrees_with_the_weights_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("config.json") && err.contains("model.safetensors") && err.contains("[1536") && err.contains("1024"),
+        err.contains("config.json")
+            && err.contains("model.safetensors")
+            && err.contains("[1536")
+            && err.contains("1024"),
         "{err}"
     );
 }
@@ -227,10 +242,14 @@ fn a_test_label_never_seen_in_training_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir(&data).unwrap();
-    std::fs::write(data.join("train.txt"), "Alice NNP B-NP B-PER\nsmiled VBD B-VP O\n\nBob NNP B-NP B-PER\nran VBD B-VP O\n")
-        .unwrap();
+    std::fs::write(
+        data.join("train.txt"),
+        "Alice NNP B-NP B-PER\nsmiled VBD B-VP O\n\nBob NNP B-NP B-PER\nran VBD B-VP O\n",
+    )
+    .unwrap();
     std::fs::write(data.join("valid.txt"), "Alice NNP B-NP B-PER\n").unwrap();
-    std::fs::write(data.join("test.txt"), "Bob NNP B-NP B-PER\nin IN B-PP O\nParis NNP B-NP B-LOC\n").unwrap();
+    std::fs::write(data.join("test.txt"), "Bob NNP B-NP B-PER\nin IN B-PP O\nParis NNP B-NP B-LOC\n")
+        .unwrap();
     let out = run(&mut train_on(&data, &assets().join("minilm"), &dir.path().join("out"), &[]));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

@@ -89,7 +89,10 @@ fn write_tensors(path: &Path, tensors: Vec<(String, Vec<usize>, &[f32])>) -> Res
     safetensors::serialize_to_file(views, None, path).map_err(|e| io(path, "writing", e))
 }
 
-fn read_tensors(path: &Path) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>, CheckpointError> {
+/// Tensors by name: shape and values.
+type Tensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
+fn read_tensors(path: &Path) -> Result<Tensors, CheckpointError> {
     let bytes = std::fs::read(path).map_err(|e| io(path, "cannot read", e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| CheckpointError::Corrupt {
         path: path.to_path_buf(),
@@ -166,7 +169,9 @@ pub fn save(
     let pointer_tmp = root.join("latest.tmp");
     {
         let mut f = std::fs::File::create(&pointer_tmp).map_err(|e| io(&pointer_tmp, "cannot create", e))?;
-        f.write_all(name.as_bytes()).and_then(|()| f.sync_all()).map_err(|e| io(&pointer_tmp, "writing", e))?;
+        f.write_all(name.as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(|e| io(&pointer_tmp, "writing", e))?;
     }
     std::fs::rename(&pointer_tmp, &pointer).map_err(|e| io(&pointer, "cannot replace", e))?;
     fsync_dir(root);
@@ -235,23 +240,20 @@ pub fn load(dir: &Path, params: &mut FlatParams, optim: &mut FlatAdamW) -> Resul
     let mut model = read_tensors(&model_path)?;
     let optim_path = dir.join("optimizer.safetensors");
     let mut moments = read_tensors(&optim_path)?;
-    let take = |map: &mut HashMap<String, (Vec<usize>, Vec<f32>)>,
-                    path: &Path,
-                    name: &str,
-                    shape: &[usize]|
-     -> Result<Vec<f32>, CheckpointError> {
-        let (found, values) = map.remove(name).ok_or_else(|| CheckpointError::Corrupt {
-            path: path.to_path_buf(),
-            message: format!("tensor {name} is missing"),
-        })?;
-        if found != shape {
-            return Err(CheckpointError::Mismatch {
+    let take =
+        |map: &mut Tensors, path: &Path, name: &str, shape: &[usize]| -> Result<Vec<f32>, CheckpointError> {
+            let (found, values) = map.remove(name).ok_or_else(|| CheckpointError::Corrupt {
                 path: path.to_path_buf(),
-                message: format!("tensor {name} has shape {found:?}, the model needs {shape:?}"),
-            });
-        }
-        Ok(values)
-    };
+                message: format!("tensor {name} is missing"),
+            })?;
+            if found != shape {
+                return Err(CheckpointError::Mismatch {
+                    path: path.to_path_buf(),
+                    message: format!("tensor {name} has shape {found:?}, the model needs {shape:?}"),
+                });
+            }
+            Ok(values)
+        };
     for (i, (name, shape)) in params.names.iter().zip(&params.shapes).enumerate() {
         params.values[i] = take(&mut model, &model_path, name, shape)?;
         optim.m[i] = take(&mut moments, &optim_path, &format!("m.{name}"), shape)?;

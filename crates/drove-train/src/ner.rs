@@ -435,7 +435,13 @@ fn encode_masks(batch: &Batch) -> Vec<i32> {
     let mut out = Vec::with_capacity(2 + batch.actions.len());
     out.push(batch.batch_size as i32);
     out.push(batch.seq_len as i32);
-    out.extend(batch.maskable.iter().zip(&batch.actions).map(|(&m, a)| i32::from(m) * (1 + i32::from(a.is_chosen()))));
+    out.extend(
+        batch
+            .maskable
+            .iter()
+            .zip(&batch.actions)
+            .map(|(&m, a)| i32::from(m) * (1 + i32::from(a.is_chosen()))),
+    );
     out
 }
 
@@ -474,7 +480,10 @@ where
         return Err(NerError::Options("--batch-size and --epochs must be at least 1".into()));
     }
     if !(0.0..=1.0).contains(&opts.augment_mask) {
-        return Err(NerError::Options(format!("--augment-mask must be in [0, 1], found {}", opts.augment_mask)));
+        return Err(NerError::Options(format!(
+            "--augment-mask must be in [0, 1], found {}",
+            opts.augment_mask
+        )));
     }
     let data = NerData::load(opts)?;
     observer.note(&format!(
@@ -524,8 +533,10 @@ where
     // Sequential streams advance by max_len draws per row whatever the padding,
     // as the story's collate padded to max_length: naive seeding then gives every
     // rank the same pattern, as it did there.
-    let collator =
-        Arc::new(Collator::new(special.pad, Padding::Longest { multiple_of: 1 }, masker).with_stream_width(opts.max_len));
+    let collator = Arc::new(
+        Collator::new(special.pad, Padding::Longest { multiple_of: 1 }, masker)
+            .with_stream_width(opts.max_len),
+    );
     let train: Arc<[Example]> = data.train.clone().into();
     let sampler = DistributedSampler::new(train.len(), world, rank, opts.seed)
         .map_err(|e| NerError::Options(e.to_string()))?;
@@ -625,7 +636,8 @@ where
             let step = state.global_step + 1;
             // Dropout draws from this rank's stream for this step.
             drove_bert::seed_dropout(StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0]);
-            let mut counts = [batch.labels.iter().filter(|&&y| y >= 0).count() as f64, batch.real_tokens() as f64];
+            let mut counts =
+                [batch.labels.iter().filter(|&&y| y >= 0).count() as f64, batch.real_tokens() as f64];
             comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
             let labelled_global = counts[0].max(1.0);
             let (ids, types, mask) = batch_tensors::<B>(&batch, device);
@@ -636,7 +648,9 @@ where
             let mut flat = take_gradients(&model, &mut grads)?;
             drop(grads);
 
-            if let Some(index) = diag_index.filter(|_| opts.diagnose_every > 0 && step % opts.diagnose_every as u64 == 0) {
+            if let Some(index) = diag_index
+                .filter(|_| opts.diagnose_every > 0 && step.is_multiple_of(opts.diagnose_every as u64))
+            {
                 let report = diagnose(comm, &batch, &flat[index], step, &mut agreement)?;
                 cos_sum += report.grad_cosine;
                 cos_n += 1;
@@ -645,10 +659,19 @@ where
 
             {
                 let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
-                all_reduce_fused(comm, "gradients", &mut refs, ReduceOptions::average(), FusionOptions::default())?;
+                all_reduce_fused(
+                    comm,
+                    "gradients",
+                    &mut refs,
+                    ReduceOptions::average(),
+                    FusionOptions::default(),
+                )?;
             }
-            let grad_norm =
-                if opts.clip_norm > 0.0 { clip_global_norm(&mut flat, opts.clip_norm) } else { crate::flat::global_norm(&flat) };
+            let grad_norm = if opts.clip_norm > 0.0 {
+                clip_global_norm(&mut flat, opts.clip_norm)
+            } else {
+                crate::flat::global_norm(&flat)
+            };
             let lr = schedule.lr(state.global_step as usize);
             optim.update(&mut params, &flat, lr);
             model = params.write(model, device);
@@ -672,7 +695,10 @@ where
                 sentences_per_s: (batch.batch_size * world) as f64 / dt,
                 tokens_per_s: counts[1] / dt,
             });
-            if opts.checkpoint_every > 0 && step % opts.checkpoint_every as u64 == 0 && state.batch < steps_per_epoch {
+            if opts.checkpoint_every > 0
+                && step.is_multiple_of(opts.checkpoint_every as u64)
+                && state.batch < steps_per_epoch
+            {
                 comm.barrier("checkpoint")?;
                 if rank == 0 {
                     let dir = checkpoint::save(&ckpt_root, &params, &optim, &state, &[], 2)?;
@@ -690,8 +716,15 @@ where
         let inference = model.valid();
         let mut extra = Vec::new();
         for set in &data.eval {
-            let (report, predictions) =
-                evaluate::<B::InnerBackend, C>(&inference, set, &data.labels, comm, state.epoch, state.global_step, device)?;
+            let (report, predictions) = evaluate::<B::InnerBackend, C>(
+                &inference,
+                set,
+                &data.labels,
+                comm,
+                state.epoch,
+                state.global_step,
+                device,
+            )?;
             observer.evaluated(&report);
             state.history.push(serde_json::to_value(&report).expect("a report serialises"));
             evaluations.push(report);
