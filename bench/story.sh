@@ -34,7 +34,8 @@ import json, sys
 out = sys.argv[1]
 rows = {}
 for s in ("naive", "derived"):
-    summary = json.loads(open(f"{out}/{s}.json").read().strip().splitlines()[-1])
+    last = open(f"{out}/{s}.json").read().strip().splitlines()[-1]
+    summary = json.loads(last.split("] ", 1)[1] if last.startswith("[") else last)
     a = summary["mask_agreement"]
     rows[s] = {
         "mask_agreement": a["mean_agreement"], "expected_independent": a["expected"], "sigma": a["sigma"],

@@ -138,7 +138,7 @@ fn per_worker_streams_differ_between_workers_and_naive_ones_do_not() {
     // maskable on both, naive workers agree everywhere.
     let naive = chosen_of(MaskSeeding::Naive);
     let (agree, compared) = naive[0].compare(&naive[1]);
-    assert!(compared > 100);
+    assert!(compared > 50, "only {compared} positions to compare");
     assert_eq!(agree, compared, "naive workers share one stream");
     let derived = chosen_of(MaskSeeding::PerWorker);
     let (agree, compared) = derived[0].compare(&derived[1]);
@@ -198,10 +198,10 @@ fn a_stream_width_makes_sequential_masks_independent_of_the_padding() {
     // Two batches of different widths from identical sequential streams: with a
     // stream width every row consumes the same draws, so the patterns agree at
     // every position maskable in both, as if both were padded to that width.
-    let d = data(8);
+    let d = data(16);
     let mut rows: Vec<&Example> = d.iter().collect();
     rows.sort_by_key(|e| e.len());
-    let (short, long) = (&rows[..4], &rows[4..]);
+    let (short, long) = (&rows[..8], &rows[8..]);
     let masks = |rows: &[&Example], width: Option<usize>| {
         let c = Collator::new(SYNTHETIC_PAD, Padding::Longest { multiple_of: 1 }, Some(masker()));
         let c = match width {
@@ -209,13 +209,13 @@ fn a_stream_width_makes_sequential_masks_independent_of_the_padding() {
             None => c,
         };
         let mut rng = drove_seed::StreamKey::naive(42).pcg64();
-        let b = c.collate(rows, &[0, 1, 2, 3], MaskSource::Sequential(&mut rng)).unwrap();
+        let b = c.collate(rows, &[0, 1, 2, 3, 4, 5, 6, 7], MaskSource::Sequential(&mut rng)).unwrap();
         drove_collate::diag::RowMasks::from(&b)
     };
     let (a, b) = (masks(short, Some(64)), masks(long, Some(64)));
     assert_ne!(a.width, b.width, "the fixture needs batches of different widths");
     let (agree, compared) = a.compare(&b);
-    assert!(compared > 100);
+    assert!(compared > 50, "only {compared} positions to compare");
     assert_eq!(agree, compared, "identical streams, identical patterns");
     // Without it, rows after the first drift apart (the draws shift by the width).
     let (agree, compared) = masks(short, None).compare(&masks(long, None));
