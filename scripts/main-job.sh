@@ -3,8 +3,9 @@
 # NER on real CoNLL-2003 with 4 ranks on this host, under `drove run` and its
 # embedded coordinator. Masking augmentation at 15% with drove's derived seeding;
 # every 10 steps the ranks compare their masks and local gradients.
-# Sized for about 10 minutes on 2 cores: 4,000 training sentences, 2 epochs,
-# 8 sentences per rank (32 a step), the learning rate scaled linearly to 1e-4.
+# Sized for about 10 minutes on 2 cores: one epoch of the whole training set
+# (14,041 sentences, 439 steps), 8 sentences per rank (32 a step), the learning
+# rate scaled linearly to 1e-4, test-set F1 at the end.
 # Prints test entity F1, mask agreement and gradient cosine at the end; the
 # metrics stay in runs/main/store (`drove metrics --store runs/main/store --run main`).
 #
@@ -20,7 +21,7 @@ rm -rf "$out"
 mkdir -p "$out"
 "$drove" run --np 4 --run-id main --store "$out/store" -- \
     "$drove" train ner --data assets/conll2003 --model assets/minilm --out "$out" \
-    --max-train-sentences 4000 --epochs 2 --batch-size 8 --lr 2.5e-5 \
+    --epochs 1 --batch-size 8 --lr 2.5e-5 \
     --augment-mask 0.15 --seeding derived --diagnose-every 10 --eval test "$@"
 echo
 echo "metrics: $drove metrics --store $out/store --run main --name test_f1"
