@@ -360,8 +360,9 @@ pub struct TrainBenchArgs {
     /// Sentences per batch.
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
-    /// Steps timed (after --warmup-steps untimed ones).
-    #[arg(long, default_value_t = 20)]
+    /// Steps timed (after --warmup-steps untimed ones); bucketed batches vary in
+    /// length, so fewer than ~50 give a noisy mean.
+    #[arg(long, default_value_t = 60)]
     steps: u64,
     /// Untimed steps first.
     #[arg(long, default_value_t = 2)]

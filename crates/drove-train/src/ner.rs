@@ -504,7 +504,10 @@ where
     let mut model = crate::broadcast_parameters(model, comm, 0, device)?;
     let mut params = FlatParams::read(&model)?;
     let diag_name = resolve_parameter(&opts.diagnose_parameter, layers);
-    let diag_index = if opts.diagnose_every > 0 {
+    if opts.diagnose_every > 0 && world < 2 {
+        observer.note("--diagnose-every compares ranks: with one rank there is nothing to compare; ignored");
+    }
+    let diag_index = if opts.diagnose_every > 0 && world >= 2 {
         Some(params.index_of(&diag_name).ok_or_else(|| {
             NerError::Options(format!(
                 "--diagnose-parameter {diag_name:?} is not a parameter; some that are: {:?}",
