@@ -63,6 +63,9 @@ pub struct NerArgs {
     /// Truncate sentences to this many tokens.
     #[arg(long, default_value_t = 128, value_parser = |s: &str| parse::at_least(s, 3, "--max-len", ""))]
     max_len: usize,
+    /// Keep the case of words (for cased models; MiniLM is uncased).
+    #[arg(long)]
+    cased: bool,
     /// Mask each token with this probability as augmentation (0: none).
     #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = parse::probability)]
     augment_mask: f64,
@@ -135,7 +138,7 @@ impl NerArgs {
             adamw: AdamWSettings { weight_decay: self.weight_decay, ..AdamWSettings::default() },
             clip_norm: self.clip_norm,
             max_len: self.max_len,
-            lowercase: true,
+            lowercase: !self.cased,
             augment_mask: self.augment_mask,
             seeding: self.seeding,
             seed: self.seed,
