@@ -157,6 +157,9 @@ pub enum NerError {
     /// The loader failed.
     #[error(transparent)]
     Loader(#[from] drove_collate::LoaderError),
+    /// An evaluation batch could not be formed.
+    #[error(transparent)]
+    Collate(#[from] drove_collate::CollateError),
     /// A collective failed (a rank died or disagreed).
     #[error(transparent)]
     Comm(#[from] drove_comm::CommError),
@@ -581,9 +584,10 @@ where
                 let loaded = checkpoint::load(&dir, &mut params, &mut optim)?;
                 let s = &loaded.state;
                 for (what, theirs, ours) in [
-                    ("world size", s.world_size, world),
-                    ("batch size", s.batch_size, opts.batch_size),
-                    ("training sentences", s.train_sentences, train.len()),
+                    ("world size", s.world_size as u64, world as u64),
+                    ("batch size", s.batch_size as u64, opts.batch_size as u64),
+                    ("training sentences", s.train_sentences as u64, train.len() as u64),
+                    ("seed", s.seed, opts.seed),
                 ] {
                     if theirs != ours {
                         return Err(checkpoint::CheckpointError::Mismatch {
@@ -592,13 +596,6 @@ where
                         }
                         .into());
                     }
-                }
-                if s.seed != opts.seed {
-                    return Err(checkpoint::CheckpointError::Mismatch {
-                        path: dir.clone(),
-                        message: format!("it was written with seed {}, this run has {}", s.seed, opts.seed),
-                    }
-                    .into());
                 }
                 state = loaded.state;
                 model = params.write(model, device);
@@ -639,8 +636,8 @@ where
             let step = state.global_step + 1;
             // Dropout draws from this rank's stream for this step.
             drove_bert::seed_dropout(StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0]);
-            let mut counts =
-                [batch.labels.iter().filter(|&&y| y >= 0).count() as f64, batch.real_tokens() as f64];
+            let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count();
+            let mut counts = [local_labelled as f64, batch.real_tokens() as f64];
             comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
             let labelled_global = counts[0].max(1.0);
             let (ids, types, mask) = batch_tensors::<B>(&batch, device);
@@ -687,7 +684,7 @@ where
             sentences += (batch.batch_size * world) as u64;
             tokens += counts[1] as u64;
             // The loss is scaled for the global batch; report this rank's mean.
-            let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count().max(1) as f64;
+            let local_labelled = local_labelled.max(1) as f64;
             observer.step(&StepReport {
                 step,
                 total_steps,
@@ -744,12 +741,13 @@ where
     }
 
     let test_f1 = evaluations.iter().rev().find(|e| e.set == "test").map(|e| e.f1);
+    let agreement = agreement.report();
     let summary = NerSummary {
         world_size: world,
         steps: state.global_step,
         evaluations,
         test_f1,
-        mask_agreement: (agreement.report().steps > 0).then(|| agreement.report()),
+        mask_agreement: (agreement.steps > 0).then_some(agreement),
         grad_cosine: (cos_n > 0).then(|| cos_sum / cos_n as f64),
         sentences_per_s: if train_seconds > 0.0 { sentences as f64 / train_seconds } else { 0.0 },
         tokens_per_s: if train_seconds > 0.0 { tokens as f64 / train_seconds } else { 0.0 },
@@ -821,9 +819,7 @@ fn evaluate<B: Backend, C: Collective + ?Sized>(
     let mut encoded: Vec<i32> = Vec::new();
     for chunk in mine.chunks(64) {
         let examples: Vec<&Example> = chunk.iter().map(|&i| &set.examples[i]).collect();
-        let batch = collator
-            .collate(&examples, chunk, drove_collate::MaskSource::None)
-            .map_err(|e| NerError::Options(e.to_string()))?;
+        let batch = collator.collate(&examples, chunk, drove_collate::MaskSource::None)?;
         let (ids, types, mask) = batch_tensors::<B>(&batch, device);
         let predicted = model.forward(ids, types, mask).argmax(2);
         let predicted: Vec<i64> = predicted
