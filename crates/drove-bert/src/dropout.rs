@@ -6,6 +6,12 @@
 //! nanosecond an element, already scaled by `1 / keep` so it is one multiply.
 //! The stream is per thread and set with [`seed_dropout`], so a trainer makes
 //! dropout a function of (seed, rank, step) and a resumed run repeats it.
+//!
+//! Each row of a dropped tensor (its first dimension, the batch row) draws from
+//! its own stream, keyed by the seed, the call's place in the forward pass and
+//! the row's index in the whole batch. A trainer that splits a batch into
+//! micro-batches on several threads calls [`seed_dropout_rows`] with each one's
+//! first row, and gets exactly the masks of the unsplit batch.
 
 use std::cell::Cell;
 
@@ -13,13 +19,28 @@ use burn::nn::Dropout;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-thread_local! {
-    static STATE: Cell<u64> = const { Cell::new(0x9E37_79B9_7F4A_7C15) };
+/// This thread's dropout stream: seed, first batch row, calls made since seeding.
+#[derive(Clone, Copy)]
+struct Stream {
+    seed: u64,
+    first_row: u64,
+    calls: u64,
 }
 
-/// Restarts this thread's dropout stream at `seed`.
+thread_local! {
+    static STATE: Cell<Stream> = const { Cell::new(Stream { seed: 0x9E37_79B9_7F4A_7C15, first_row: 0, calls: 0 }) };
+}
+
+/// Restarts this thread's dropout stream at `seed`, for a forward pass over a
+/// whole batch.
 pub fn seed_dropout(seed: u64) {
-    STATE.with(|s| s.set(seed));
+    seed_dropout_rows(seed, 0);
+}
+
+/// Restarts this thread's dropout stream at `seed`, for a forward pass over
+/// the rows of a batch from `first_row` on (a micro-batch).
+pub fn seed_dropout_rows(seed: u64, first_row: usize) {
+    STATE.with(|s| s.set(Stream { seed, first_row: first_row as u64, calls: 0 }));
 }
 
 #[inline]
@@ -41,23 +62,33 @@ pub fn dropout<B: Backend, const D: usize>(dropout: &Dropout, x: Tensor<B, D>) -
     let keep = 1.0 - dropout.prob;
     let shape = x.shape();
     let n = shape.num_elements();
+    let rows = shape.dims::<D>().first().copied().unwrap_or(1).max(1);
+    let per_row = n / rows;
     let threshold = (keep * 4_294_967_296.0) as u64;
     let scale = (1.0 / keep) as f32;
     let mut mask = Vec::with_capacity(n);
-    STATE.with(|cell| {
-        let mut state = cell.get();
+    let stream = STATE.with(|cell| {
+        let s = cell.get();
+        cell.set(Stream { calls: s.calls + 1, ..s });
+        s
+    });
+    for row in 0..rows as u64 {
+        // A row's stream: the seed moved by (call, row), scrambled once.
+        let mut state = stream.seed
+            ^ stream.calls.wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03)
+            ^ (stream.first_row + row).wrapping_add(1).wrapping_mul(0x8CB9_2BA7_2F3D_8DD7);
+        state = splitmix(&mut state);
         let mut i = 0;
-        while i < n {
+        while i < per_row {
             let r = splitmix(&mut state);
             for half in [r & 0xffff_ffff, r >> 32] {
-                if i < n {
+                if i < per_row {
                     mask.push(if half < threshold { scale } else { 0.0 });
                     i += 1;
                 }
             }
         }
-        cell.set(state);
-    });
+    }
     let mask = Tensor::<B, D>::from_data(TensorData::new(mask, shape), &device);
     x * mask
 }
@@ -84,6 +115,23 @@ mod tests {
         assert!(a.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.9).abs() < 1e-6));
         assert_eq!(a, masked(7));
         assert_ne!(a, masked(8));
+    }
+
+    #[test]
+    fn a_split_batch_gets_the_masks_of_the_whole_one() {
+        let layer = DropoutConfig::new(0.1).init();
+        let run = |first_row: usize, rows: usize| -> Vec<f32> {
+            seed_dropout_rows(7, first_row);
+            let x = Tensor::<Autodiff<Flex>, 3>::ones([rows, 10, 30], &Default::default());
+            // Two calls, as two layers of a forward pass make.
+            let once = dropout(&layer, x);
+            dropout(&layer, once).into_data().to_vec::<f32>().unwrap()
+        };
+        let whole = run(0, 10);
+        let mut halves = run(0, 4);
+        halves.extend(run(4, 6));
+        assert_eq!(whole, halves);
+        assert_ne!(run(0, 4), run(4, 4), "rows draw from their own streams");
     }
 
     #[test]

@@ -34,7 +34,7 @@ mod model;
 use std::path::PathBuf;
 
 pub use config::BertConfig;
-pub use dropout::{dropout, seed_dropout};
+pub use dropout::{dropout, seed_dropout, seed_dropout_rows};
 pub use load::{LoadReport, load_safetensors};
 pub use model::{Bert, BertForTokenClassification, Embeddings, Layer, mask_bias};
 

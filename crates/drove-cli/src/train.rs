@@ -100,6 +100,10 @@ pub struct NerArgs {
     /// Sort windows of N batches by length to cut padding (0: off).
     #[arg(long, value_name = "N", default_value_t = 16)]
     bucket_window: usize,
+    /// Split each rank's batch into N micro-batches run at once, one per
+    /// thread, their gradients summed (0: one per thread of the rank).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    micro_batches: usize,
     /// Dropout for every layer, overriding config.json (0 for exact comparisons).
     #[arg(long, value_name = "P", value_parser = parse::probability)]
     dropout: Option<f64>,
@@ -149,6 +153,7 @@ impl NerArgs {
             eval_sets: self.eval.iter().filter(|s| !s.is_empty()).cloned().collect(),
             checkpoint_every: self.checkpoint_every,
             workers: self.workers,
+            micro_batches: self.micro_batches,
             bucket_window: self.bucket_window,
             dropout: self.dropout,
             resume: self.resume,
@@ -373,6 +378,10 @@ pub struct TrainBenchArgs {
     /// Sort windows of N batches by length (0: off, as a plain random sampler).
     #[arg(long, value_name = "N", default_value_t = 16)]
     bucket_window: usize,
+    /// Micro-batches run at once (0: one per thread; 1: the whole batch on
+    /// the backend's own threads).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    micro_batches: usize,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -408,6 +417,7 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         batch_size: args.batch_size,
         eval_sets: Vec::new(),
         bucket_window: args.bucket_window,
+        micro_batches: args.micro_batches,
         max_steps: Some(args.warmup_steps + args.steps),
         ..NerOptions::default()
     };
@@ -426,6 +436,7 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         "model": args.model.display().to_string(),
         "batch_size": args.batch_size,
         "bucket_window": args.bucket_window,
+        "micro_batches": drove_train::micro::MicroBatches::resolve(args.micro_batches).min(args.batch_size),
         "threads": std::env::var("RAYON_NUM_THREADS").ok()
             .and_then(|t| t.parse::<usize>().ok())
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

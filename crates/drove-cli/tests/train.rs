@@ -154,6 +154,49 @@ fn two_processes_of_8_equal_one_of_16() {
 }
 
 #[test]
+fn micro_batches_take_the_step_of_the_whole_batch_dropout_and_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, split) = (dir.path().join("whole"), dir.path().join("split"));
+    // Dropout (config.json's 0.1) and masking on: a row's masks do not depend on
+    // which micro-batch it lands in, so only the order of the sums differs.
+    let common = [
+        "--max-train-sentences",
+        "16",
+        "--epochs",
+        "5",
+        "--eval",
+        "",
+        "--batch-size",
+        "16",
+        "--augment-mask",
+        "0.15",
+        "--lr-scaling",
+        "none",
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "0",
+    ];
+    let out =
+        run(train(&whole, &[&common[..], &["--micro-batches", "1"]].concat()).env("RAYON_NUM_THREADS", "2"));
+    assert!(out.status.success(), "{}", text(&out));
+    // Three micro-batches of 6, 5 and 5 rows on two threads.
+    let out =
+        run(train(&split, &[&common[..], &["--micro-batches", "3"]].concat()).env("RAYON_NUM_THREADS", "2"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(summary(&split)["steps"], 5);
+    let (a, b) = (read_model(&whole), read_model(&split));
+    let d = relative_difference(&a, &b);
+    assert!(d < 1e-5, "parameters differ by {d} (relative) after 5 steps");
+    let short = dir.path().join("short");
+    let out = run(&mut train(&short, &[&common[..], &["--micro-batches", "1", "--max-steps", "4"]].concat()));
+    assert!(out.status.success(), "{}", text(&out));
+    let moved = relative_difference(&a, &read_model(&short));
+    eprintln!("1 vs 3 micro-batches: {d:e}; the last step moved the parameters by {moved:e}");
+    assert!(moved > 1e-5, "the last step moved the parameters by only {moved}: the bound would not tell");
+}
+
+#[test]
 fn a_rank_killed_mid_epoch_stops_the_run_and_resume_finishes_it() {
     let dir = tempfile::tempdir().unwrap();
     let (whole, broken) = (dir.path().join("whole"), dir.path().join("broken"));

@@ -125,6 +125,43 @@ impl Batch {
     pub fn chosen(&self) -> usize {
         self.actions.iter().filter(|a| a.is_chosen()).count()
     }
+
+    /// Rows `rows` as a batch of their own, at the same padded width.
+    ///
+    /// # Panics
+    /// If the range runs past `batch_size`.
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Batch {
+        assert!(rows.end <= self.batch_size, "rows {rows:?} of a batch of {}", self.batch_size);
+        let flat = rows.start * self.seq_len..rows.end * self.seq_len;
+        Batch {
+            batch_size: rows.len(),
+            seq_len: self.seq_len,
+            input_ids: self.input_ids[flat.clone()].to_vec(),
+            attention_mask: self.attention_mask[flat.clone()].to_vec(),
+            labels: self.labels[flat.clone()].to_vec(),
+            maskable: self.maskable[flat.clone()].to_vec(),
+            actions: self.actions[flat].to_vec(),
+            indices: self.indices[rows].to_vec(),
+        }
+    }
+
+    /// Splits the rows into at most `parts` contiguous micro-batches of
+    /// near-equal size (the first ones one row larger), each with the index of
+    /// its first row; empty parts are left out.
+    pub fn split(&self, parts: usize) -> Vec<(usize, Batch)> {
+        let parts = parts.clamp(1, self.batch_size.max(1));
+        let (base, extra) = (self.batch_size / parts, self.batch_size % parts);
+        let mut start = 0;
+        let mut out = Vec::with_capacity(parts);
+        for p in 0..parts {
+            let len = base + usize::from(p < extra);
+            if len > 0 {
+                out.push((start, self.rows(start..start + len)));
+            }
+            start += len;
+        }
+        out
+    }
 }
 
 /// Pads, aligns and masks batches of [`Example`]s.

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use drove_collate::diag::{SYNTHETIC_MASK, SYNTHETIC_PAD, SYNTHETIC_VOCAB, synthetic_examples};
 use drove_collate::{
-    Bucketing, CollateError, Collator, DistributedSampler, Example, IGNORE_LABEL, Loader, LoaderConfig,
-    LoaderError, MaskAction, MaskConfig, MaskSeeding, MaskSource, Masker, Padding, make_batches,
+    Batch, Bucketing, CollateError, Collator, DistributedSampler, Example, IGNORE_LABEL, Loader,
+    LoaderConfig, LoaderError, MaskAction, MaskConfig, MaskSeeding, MaskSource, Masker, Padding,
+    make_batches,
 };
 
 fn masker() -> Masker {
@@ -54,6 +55,35 @@ fn masking_leaves_labels_untouched() {
     assert_eq!(masked.labels, clean.labels);
     assert!(masked.chosen() > 0);
     assert_ne!(masked.input_ids, clean.input_ids);
+}
+
+#[test]
+fn a_batch_splits_into_micro_batches_that_concatenate_back() {
+    let d = data(7);
+    let examples: Vec<&Example> = d.iter().collect();
+    let indices: Vec<usize> = (10..17).collect();
+    let c = Collator::new(SYNTHETIC_PAD, Padding::Longest { multiple_of: 1 }, Some(masker()));
+    let streams = drove_seed::SampleStreams::new(1, drove_seed::Purpose::Augment, 0);
+    let whole = c.collate(&examples, &indices, MaskSource::PerSample(&streams)).unwrap();
+    let parts = whole.split(3);
+    // 7 rows in 3: 3, 2, 2, at the same width, starting where the last ended.
+    let sizes: Vec<(usize, usize)> = parts.iter().map(|(first, b)| (*first, b.batch_size)).collect();
+    assert_eq!(sizes, vec![(0, 3), (3, 2), (5, 2)]);
+    let mut joined = Batch { seq_len: whole.seq_len, ..Batch::default() };
+    for (_, p) in &parts {
+        assert_eq!(p.seq_len, whole.seq_len);
+        joined.batch_size += p.batch_size;
+        joined.input_ids.extend(&p.input_ids);
+        joined.attention_mask.extend(&p.attention_mask);
+        joined.labels.extend(&p.labels);
+        joined.maskable.extend(&p.maskable);
+        joined.actions.extend(p.actions.iter().cloned());
+        joined.indices.extend(&p.indices);
+    }
+    assert_eq!(joined, whole);
+    // More parts than rows: one row each, no empty parts.
+    assert_eq!(whole.split(10).len(), 7);
+    assert_eq!(whole.split(0).len(), 1);
 }
 
 #[test]

@@ -12,8 +12,13 @@ use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
+use rayon::prelude::*;
 
 use crate::TrainError;
+
+/// Elements per piece when element-wise work is spread over rayon's threads:
+/// large enough that a piece costs far more than handing it out.
+const PIECE: usize = 1 << 16;
 
 /// A model's float parameters, flattened, with their dotted names and shapes.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -40,7 +45,10 @@ impl FlatParams {
     /// Writes these values into `model`'s parameters (same order and shapes),
     /// keeping each parameter's id and whether it requires a gradient.
     pub fn write<B: Backend, M: Module<B>>(&self, model: M, device: &B::Device) -> M {
-        let mut writer = Writer { values: &self.values, index: 0, device: device.clone() };
+        // The copies (90 MB for MiniLM) are made on rayon's threads; the
+        // tensors are built from them in module order.
+        let copies: Vec<Vec<f32>> = self.values.par_iter().map(|v| v.clone()).collect();
+        let mut writer = Writer { values: copies.into_iter(), device: device.clone() };
         model.map(&mut writer)
     }
 
@@ -87,19 +95,17 @@ impl<B: Backend> ModuleVisitor<B> for Reader {
     }
 }
 
-struct Writer<'a, B: Backend> {
-    values: &'a [Vec<f32>],
-    index: usize,
+struct Writer<B: Backend> {
+    values: std::vec::IntoIter<Vec<f32>>,
     device: B::Device,
 }
 
-impl<B: Backend> ModuleMapper<B> for Writer<'_, B> {
+impl<B: Backend> ModuleMapper<B> for Writer<B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let values = &self.values[self.index];
-        self.index += 1;
+        let values = self.values.next().expect("one buffer per float parameter");
         let (id, tensor, mapper) = param.consume();
         let shape = tensor.dims();
-        let value = Tensor::<B, D>::from_data(TensorData::new(values.clone(), shape), &self.device)
+        let value = Tensor::<B, D>::from_data(TensorData::new(values, shape), &self.device)
             .set_require_grad(tensor.is_require_grad());
         Param::from_mapped_value(id, value, mapper)
     }
@@ -141,9 +147,10 @@ pub fn take_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
 
 /// The L2 norm of all gradients together.
 pub fn global_norm(grads: &[Vec<f32>]) -> f64 {
-    // Blocks of 4096 summed in 16 f32 lanes (vectorised), the blocks in f64.
-    let mut total = 0f64;
-    for block in grads.iter().flat_map(|g| g.chunks(4096)) {
+    // Blocks of 4096 summed in 16 f32 lanes (vectorised), the blocks in f64,
+    // on rayon's threads; the block sums are added in order, so the result
+    // does not depend on the number of threads.
+    let block_sum = |block: &[f32]| {
         let mut lanes = [0f32; 16];
         let mut chunks = block.chunks_exact(16);
         for c in &mut chunks {
@@ -152,9 +159,16 @@ pub fn global_norm(grads: &[Vec<f32>]) -> f64 {
             }
         }
         let tail: f32 = chunks.remainder().iter().map(|&x| x * x).sum();
-        total += lanes.iter().map(|&l| f64::from(l)).sum::<f64>() + f64::from(tail);
-    }
-    total.sqrt()
+        lanes.iter().map(|&l| f64::from(l)).sum::<f64>() + f64::from(tail)
+    };
+    let sums: Vec<f64> = grads
+        .iter()
+        .flat_map(|g| g.chunks(4096))
+        .collect::<Vec<_>>()
+        .par_iter()
+        .map(|b| block_sum(b))
+        .collect();
+    sums.iter().sum::<f64>().sqrt()
 }
 
 /// Scales every gradient by `max_norm / norm` when their global norm exceeds
@@ -165,9 +179,11 @@ pub fn clip_global_norm(grads: &mut [Vec<f32>], max_norm: f64) -> f64 {
     let scale = max_norm / (norm + 1e-6);
     if scale < 1.0 {
         let scale = scale as f32;
-        for x in grads.iter_mut().flat_map(|g| g.iter_mut()) {
-            *x *= scale;
-        }
+        grads.par_iter_mut().flat_map(|g| g.par_chunks_mut(PIECE)).for_each(|piece| {
+            for x in piece {
+                *x *= scale;
+            }
+        });
     }
     norm
 }
@@ -238,17 +254,31 @@ impl FlatAdamW {
         let step_size = (lr / c1) as f32;
         let c2_sqrt = c2.sqrt() as f32;
         let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.epsilon as f32);
-        for (i, ((p, g), (m, v))) in
-            params.values.iter_mut().zip(grads).zip(self.m.iter_mut().zip(self.v.iter_mut())).enumerate()
-        {
+        for (i, (p, g)) in params.values.iter().zip(grads).enumerate() {
             assert_eq!(p.len(), g.len(), "gradient {i} has the wrong length");
-            let keep = if self.decay[i] { (1.0 - lr * s.weight_decay) as f32 } else { 1.0 };
-            for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                *m = b1 * *m + (1.0 - b1) * g;
-                *v = b2 * *v + (1.0 - b2) * g * g;
-                *p = *p * keep - step_size * *m / ((*v).sqrt() / c2_sqrt + eps);
-            }
         }
+        // Element-wise, so pieces on rayon's threads give the serial result.
+        let decay = &self.decay;
+        params
+            .values
+            .par_iter_mut()
+            .zip(grads)
+            .zip(self.m.par_iter_mut().zip(self.v.par_iter_mut()))
+            .enumerate()
+            .flat_map(|(i, ((p, g), (m, v)))| {
+                let keep = if decay[i] { (1.0 - lr * s.weight_decay) as f32 } else { 1.0 };
+                p.par_chunks_mut(PIECE)
+                    .zip(g.par_chunks(PIECE))
+                    .zip(m.par_chunks_mut(PIECE).zip(v.par_chunks_mut(PIECE)))
+                    .map(move |piece| (keep, piece))
+            })
+            .for_each(|(keep, ((p, g), (m, v)))| {
+                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                    *m = b1 * *m + (1.0 - b1) * g;
+                    *v = b2 * *v + (1.0 - b2) * g * g;
+                    *p = *p * keep - step_size * *m / ((*v).sqrt() / c2_sqrt + eps);
+                }
+            });
     }
 }
 

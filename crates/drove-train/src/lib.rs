@@ -13,6 +13,7 @@
 
 pub mod checkpoint;
 pub mod flat;
+pub mod micro;
 pub mod ner;
 pub mod schedule;
 

@@ -31,6 +31,7 @@ use drove_seed::StreamKey;
 
 use crate::checkpoint::{self, LoopState};
 use crate::flat::{AdamWSettings, FlatAdamW, FlatParams, clip_global_norm, cosine, take_gradients};
+use crate::micro::{MicroBatches, add_into, fresh_leaves};
 use crate::schedule::{LrScaling, WarmupLinear};
 
 /// Everything a fine-tune needs to know.
@@ -80,6 +81,12 @@ pub struct NerOptions {
     pub checkpoint_every: usize,
     /// Loader threads per rank.
     pub workers: usize,
+    /// Split each rank's batch into this many micro-batches, run at once on
+    /// threads of their own, their gradients summed (0: one per thread of the
+    /// rank's rayon pool). Dropout masks do not depend on the split, so only
+    /// the order of floating-point sums does.
+    #[serde(default)]
+    pub micro_batches: usize,
     /// Sort windows of this many batches by length (0: no bucketing).
     pub bucket_window: usize,
     /// Override the dropout of `config.json` (e.g. 0 for exact comparisons).
@@ -116,6 +123,7 @@ impl Default for NerOptions {
             eval_sets: vec!["valid".into(), "test".into()],
             checkpoint_every: 0,
             workers: 2,
+            micro_batches: 0,
             bucket_window: 16,
             dropout: None,
             resume: false,
@@ -521,6 +529,11 @@ where
         None
     };
     let mut optim = FlatAdamW::new(opts.adamw, &params);
+    let micro = {
+        let count = MicroBatches::resolve(opts.micro_batches).min(opts.batch_size);
+        MicroBatches::new(count, rayon::current_num_threads())
+            .map_err(|e| NerError::Options(format!("could not start {count} micro-batch threads: {e}")))?
+    };
 
     // Data: this rank's shard, masked from its own streams.
     let special = data.tokenizer.special();
@@ -635,18 +648,37 @@ where
             let t0 = Instant::now();
             let step = state.global_step + 1;
             // Dropout draws from this rank's stream for this step.
-            drove_bert::seed_dropout(StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0]);
+            let dropout_seed = StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0];
             let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count();
             let mut counts = [local_labelled as f64, batch.real_tokens() as f64];
             comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
             let labelled_global = counts[0].max(1.0);
-            let (ids, types, mask) = batch_tensors::<B>(&batch, device);
-            let logits = model.forward(ids, types, mask);
-            let local = loss(logits, &batch.labels, num_labels, world as f64 / labelled_global, device);
-            let loss_value = f64::from(local.clone().into_scalar().elem::<f32>());
-            let mut grads = GradientsParams::from_grads(local.backward(), &model);
-            let mut flat = take_gradients(&model, &mut grads)?;
-            drop(grads);
+            let scale = world as f64 / labelled_global;
+            let jobs: Vec<_> = batch
+                .split(micro.count())
+                .into_iter()
+                .map(|part| (part, fresh_leaves(model.clone())))
+                .collect();
+            let outputs = micro.run(jobs, |_, ((first_row, part), model)| {
+                drove_bert::seed_dropout_rows(dropout_seed, first_row);
+                let (ids, types, mask) = batch_tensors::<B>(&part, device);
+                let logits = model.forward(ids, types, mask);
+                let local = loss(logits, &part.labels, num_labels, scale, device);
+                let loss_value = f64::from(local.clone().into_scalar().elem::<f32>());
+                let mut grads = GradientsParams::from_grads(local.backward(), &model);
+                take_gradients(&model, &mut grads).map(|flat| (loss_value, flat))
+            });
+            let mut loss_value = 0.0;
+            let mut flat: Vec<Vec<f32>> = Vec::new();
+            for output in outputs {
+                let (part_loss, part_flat) = output?;
+                loss_value += part_loss;
+                if flat.is_empty() {
+                    flat = part_flat;
+                } else {
+                    add_into(&mut flat, &part_flat);
+                }
+            }
 
             if let Some(index) = diag_index
                 .filter(|_| opts.diagnose_every > 0 && step.is_multiple_of(opts.diagnose_every as u64))
