@@ -103,6 +103,8 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--bucket-window", type=int, default=0,
+                    help="sort windows of N batches by length, then shuffle the batches (drove's bucketing; 0: off)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
@@ -128,8 +130,18 @@ def main():
     for epoch in range(args.epochs):
         order = list(range(len(data)))
         random.shuffle(order)
+        cuts = [order[b * args.batch_size : (b + 1) * args.batch_size] for b in range(steps_per_epoch)]
+        if args.bucket_window > 0:
+            window = args.bucket_window * args.batch_size
+            cuts = []
+            for start in range(0, len(order), window):
+                chunk = sorted(order[start : start + window], key=lambda i: len(data[i][0]))
+                cuts.extend(chunk[k : k + args.batch_size] for k in range(0, len(chunk), args.batch_size))
+            full = cuts[:-1] if len(cuts[-1]) < args.batch_size else cuts
+            random.shuffle(full)
+            cuts = full + cuts[len(full):]
         for b in range(steps_per_epoch):
-            batch = [data[i] for i in order[b * args.batch_size : (b + 1) * args.batch_size]]
+            batch = [data[i] for i in cuts[b]]
             ids, mask, labels = collate(batch, pad)
             t0 = time.perf_counter()
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
@@ -148,6 +160,7 @@ def main():
                 print(json.dumps({
                     "benchmark": "train", "implementation": "pytorch", "torch": torch.__version__,
                     "threads": args.threads, "batch_size": args.batch_size, "steps_timed": step - 2,
+                    "bucket_window": args.bucket_window,
                     "sentences_per_s": sentences / timed, "tokens_per_s": tokens / timed,
                 }))
                 return

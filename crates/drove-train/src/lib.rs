@@ -5,7 +5,12 @@
 //! starts from rank 0's weights, and [`all_reduce_gradients`] after each
 //! backward pass so every rank applies the same averaged gradients (fused into
 //! buckets, optionally compressed on the wire). It talks to the transport only
-//! through [`drove_comm::Collective`]; it knows nothing of BERT or of data.
+//! through [`drove_comm::Collective`].
+//!
+//! Around them: [`flat`] (parameters and gradients as flat buffers, clipping,
+//! AdamW), [`micro`] (a rank's batch split into micro-batches that run at once,
+//! one per core), [`schedule`], [`checkpoint`], and [`ner`], the fine-tuning
+//! loop that joins `drove-bert` and `drove-collate`.
 //!
 //! Parameters are visited in module order, which is the same on every rank for
 //! the same model type, so ranks exchange matching buffers without naming them.
@@ -41,7 +46,8 @@ pub enum TrainError {
 }
 
 fn to_f32(data: TensorData, index: usize) -> Result<Vec<f32>, TrainError> {
-    data.convert::<f32>().to_vec::<f32>().map_err(|e| TrainError::Data { index, message: format!("{e:?}") })
+    // `into_vec` hands over the tensor's own allocation when it can.
+    data.convert::<f32>().into_vec::<f32>().map_err(|e| TrainError::Data { index, message: format!("{e:?}") })
 }
 
 /// Averages the gradients of `model`'s parameters across the ranks of `comm`,
