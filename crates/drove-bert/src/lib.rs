@@ -28,6 +28,7 @@
 
 mod config;
 mod dropout;
+mod gelu;
 mod load;
 mod model;
 
@@ -35,6 +36,7 @@ use std::path::PathBuf;
 
 pub use config::BertConfig;
 pub use dropout::{dropout, seed_dropout, seed_dropout_rows};
+pub use gelu::gelu;
 pub use load::{LoadReport, load_safetensors};
 pub use model::{Bert, BertForTokenClassification, Embeddings, Layer, mask_bias};
 

@@ -5,7 +5,9 @@ use burn::module::{Module, Param};
 use burn::nn::{
     Dropout, DropoutConfig, Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig,
 };
-use burn::tensor::activation::{gelu, softmax};
+use burn::tensor::activation::softmax;
+
+use crate::gelu::gelu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 
