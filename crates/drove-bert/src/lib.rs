@@ -9,6 +9,11 @@
 //! prefix, with a report of missing and unused tensors and an error naming any
 //! tensor whose shape differs.
 //!
+//! On the CPU backend two pieces run drove's own code rather than burn's, with
+//! the same results: [`dropout`] draws its masks from explicitly seeded
+//! per-row streams, and [`gelu`] evaluates the exact GELU with a vectorised
+//! `erf`.
+//!
 //! This crate knows nothing of data loading or of distribution: it is the model.
 //!
 //! ```
