@@ -27,7 +27,7 @@ pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
         Err(other) => other,
     };
     let x = match x.downcast::<Tensor<Flex, D>>() {
-        Ok(t) => return cast(host(*t, gelu_slice)),
+        Ok(t) => return cast(host(*t, |_, piece| gelu_slice(piece))),
         Err(other) => other,
     };
     activation::gelu(*x.downcast::<Tensor<B, D>>().expect("the tensor's own type"))
@@ -39,19 +39,22 @@ fn cast<T: Any, U: Any>(t: T) -> U {
     *(Box::new(t) as Box<dyn Any>).downcast::<U>().expect("the same tensor type")
 }
 
-/// Applies `f` to the values of a CPU tensor in place, in pieces on rayon's
-/// threads.
-fn host<const D: usize>(x: Tensor<Flex, D>, f: impl Fn(&mut [f32]) + Sync + Send) -> Tensor<Flex, D> {
-    let device = x.device();
-    let shape = x.shape();
-    let mut values = x.into_data().convert::<f32>().into_vec::<f32>().expect("f32 values");
-    for_pieces(&mut values, |piece| f(piece));
-    Tensor::from_data(TensorData::new(values, shape), &device)
+/// Elements per piece of work handed to rayon's threads.
+const PIECE: usize = 1 << 15;
+
+/// The values of a CPU tensor, row-major.
+fn values<const D: usize>(x: Tensor<Flex, D>) -> Vec<f32> {
+    x.into_data().convert::<f32>().into_vec::<f32>().expect("f32 values")
 }
 
-fn for_pieces(values: &mut [f32], f: impl Fn(&mut [f32]) + Sync + Send) {
+/// Applies `f(offset, piece)` to the values of a CPU tensor in place, in
+/// pieces on rayon's threads.
+fn host<const D: usize>(x: Tensor<Flex, D>, f: impl Fn(usize, &mut [f32]) + Sync + Send) -> Tensor<Flex, D> {
     use rayon::prelude::*;
-    values.par_chunks_mut(1 << 15).for_each(f);
+    let (device, shape) = (x.device(), x.shape());
+    let mut values = values(x);
+    values.par_chunks_mut(PIECE).enumerate().for_each(|(i, piece)| f(i * PIECE, piece));
+    Tensor::from_data(TensorData::new(values, shape), &device)
 }
 
 /// GELU on `Autodiff<Flex>`, recording its own backward step.
@@ -66,24 +69,18 @@ fn tracked<const D: usize>(x: Tensor<Autodiff<Flex>, D>) -> Tensor<Autodiff<Flex
         fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
             let input = ops.state;
             unary::<Flex, _>(ops.parents, ops.node, grads, |grad| {
-                let x = Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(input));
+                let xs = values(Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(input)));
                 let g = Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(grad));
-                let device = g.device();
-                let shape = g.shape();
-                let xs = x.into_data().convert::<f32>().into_vec::<f32>().expect("f32 values");
-                let mut gs = g.into_data().convert::<f32>().into_vec::<f32>().expect("f32 values");
-                use rayon::prelude::*;
-                gs.par_chunks_mut(1 << 15)
-                    .zip(xs.par_chunks(1 << 15))
-                    .for_each(|(g, x)| gelu_grad_slice(x, g));
-                Tensor::<Flex, D>::from_data(TensorData::new(gs, shape), &device).into_primitive().tensor()
+                host(g, |at, piece| gelu_grad_slice(&xs[at..at + piece.len()], piece))
+                    .into_primitive()
+                    .tensor()
             });
         }
     }
 
     let input = x.into_primitive().tensor();
     let inner = Tensor::<Flex, D>::from_primitive(TensorPrimitive::Float(input.primitive.clone()));
-    let output = host(inner, gelu_slice).into_primitive().tensor();
+    let output = host(inner, |_, piece| gelu_slice(piece)).into_primitive().tensor();
     let result =
         match GeluBackward::<D>.prepare::<NoCheckpointing>([input.node.clone()]).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish(input.primitive.clone(), output),

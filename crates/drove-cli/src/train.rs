@@ -436,7 +436,7 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         "model": args.model.display().to_string(),
         "batch_size": args.batch_size,
         "bucket_window": args.bucket_window,
-        "micro_batches": drove_train::micro::MicroBatches::resolve(args.micro_batches).min(args.batch_size),
+        "micro_batches": drove_train::micro::MicroBatches::resolve(args.micro_batches, args.batch_size),
         "threads": std::env::var("RAYON_NUM_THREADS").ok()
             .and_then(|t| t.parse::<usize>().ok())
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

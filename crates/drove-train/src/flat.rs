@@ -18,7 +18,7 @@ use crate::TrainError;
 
 /// Elements per piece when element-wise work is spread over rayon's threads:
 /// large enough that a piece costs far more than handing it out.
-const PIECE: usize = 1 << 16;
+pub(crate) const PIECE: usize = 1 << 16;
 
 /// A model's float parameters, flattened, with their dotted names and shapes.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -12,6 +12,8 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use rayon::prelude::*;
+
+use crate::flat::PIECE;
 use rayon::{ThreadPool, ThreadPoolBuildError, ThreadPoolBuilder};
 
 /// Threads that each run one micro-batch of a step.
@@ -22,10 +24,12 @@ pub struct MicroBatches {
 }
 
 impl MicroBatches {
-    /// How many micro-batches to use when asked for `requested` (0: one per
-    /// thread of the global rayon pool).
-    pub fn resolve(requested: usize) -> usize {
-        if requested == 0 { rayon::current_num_threads().max(1) } else { requested }
+    /// How many micro-batches a batch of `batch_size` rows gets when asked
+    /// for `requested` (0: one per thread of the global rayon pool), at most
+    /// one per row.
+    pub fn resolve(requested: usize, batch_size: usize) -> usize {
+        let wanted = if requested == 0 { rayon::current_num_threads() } else { requested };
+        wanted.min(batch_size).max(1)
     }
 
     /// `count` micro-batches sharing `threads` threads (each gets
@@ -115,7 +119,7 @@ pub fn add_into(into: &mut [Vec<f32>], other: &[Vec<f32>]) {
     }
     into.par_iter_mut()
         .zip(other)
-        .flat_map(|(a, b)| a.par_chunks_mut(1 << 16).zip(b.par_chunks(1 << 16)))
+        .flat_map(|(a, b)| a.par_chunks_mut(PIECE).zip(b.par_chunks(PIECE)))
         .for_each(|(a, b)| {
             for (x, y) in a.iter_mut().zip(b) {
                 *x += y;

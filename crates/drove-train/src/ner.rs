@@ -530,7 +530,7 @@ where
     };
     let mut optim = FlatAdamW::new(opts.adamw, &params);
     let micro = {
-        let count = MicroBatches::resolve(opts.micro_batches).min(opts.batch_size);
+        let count = MicroBatches::resolve(opts.micro_batches, opts.batch_size);
         MicroBatches::new(count, rayon::current_num_threads())
             .map_err(|e| NerError::Options(format!("could not start {count} micro-batch threads: {e}")))?
     };
@@ -668,16 +668,13 @@ where
                 let mut grads = GradientsParams::from_grads(local.backward(), &model);
                 take_gradients(&model, &mut grads).map(|flat| (loss_value, flat))
             });
-            let mut loss_value = 0.0;
-            let mut flat: Vec<Vec<f32>> = Vec::new();
+            // The micro-batches' losses and gradients, summed into the first's.
+            let mut outputs = outputs.into_iter();
+            let (mut loss_value, mut flat) = outputs.next().expect("a batch has at least one row")?;
             for output in outputs {
                 let (part_loss, part_flat) = output?;
                 loss_value += part_loss;
-                if flat.is_empty() {
-                    flat = part_flat;
-                } else {
-                    add_into(&mut flat, &part_flat);
-                }
+                add_into(&mut flat, &part_flat);
             }
 
             if let Some(index) = diag_index
