@@ -16,6 +16,7 @@ use burn::backend::{Autodiff, Flex};
 use clap::Args;
 use drove_collate::MaskSeeding;
 use drove_comm::{Collective, Communicator, MetricsRecorder, SingleProcess};
+use drove_train::Placement;
 use drove_train::flat::AdamWSettings;
 use drove_train::ner::{DiagnoseReport, EvalReport, NerOptions, NerSummary, Observer, StepReport, train_ner};
 use drove_train::schedule::LrScaling;
@@ -104,6 +105,10 @@ pub struct NerArgs {
     /// thread, their gradients summed (0: one per thread of the rank).
     #[arg(long, value_name = "N", default_value_t = 0)]
     micro_batches: usize,
+    /// Where parameters and optimizer state live: host (flat buffers, the CPU
+    /// fast path) or backend (tensors on the backend's device, the GPU path).
+    #[arg(long, default_value = "host")]
+    placement: Placement,
     /// Dropout for every layer, overriding config.json (0 for exact comparisons).
     #[arg(long, value_name = "P", value_parser = parse::probability)]
     dropout: Option<f64>,
@@ -154,6 +159,7 @@ impl NerArgs {
             checkpoint_every: self.checkpoint_every,
             workers: self.workers,
             micro_batches: self.micro_batches,
+            placement: self.placement,
             bucket_window: self.bucket_window,
             dropout: self.dropout,
             resume: self.resume,
@@ -342,7 +348,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
         fail_at: args.fail_at_step.map(|s| (s, args.rank_to_fail)),
     };
     let device = Default::default();
-    let summary = train_ner::<Backend, _>(&opts, comm.as_ref(), &mut reporter, &device)
+    let summary = train_ner::<Backend>(&opts, comm.as_ref(), &mut reporter, &device)
         .map_err(|e| anyhow!("rank {rank}: {e}"))?;
     if let Some(bar) = reporter.bar.take() {
         bar.finish_and_clear();
@@ -382,6 +388,9 @@ pub struct TrainBenchArgs {
     /// the backend's own threads).
     #[arg(long, value_name = "N", default_value_t = 0)]
     micro_batches: usize,
+    /// Where parameters and optimizer state live: host or backend.
+    #[arg(long, default_value = "host")]
+    placement: Placement,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -418,13 +427,14 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         eval_sets: Vec::new(),
         bucket_window: args.bucket_window,
         micro_batches: args.micro_batches,
+        placement: args.placement,
         max_steps: Some(args.warmup_steps + args.steps),
         ..NerOptions::default()
     };
     let mut timer = Timer { steps: Vec::new() };
     let device = Default::default();
     let started = Instant::now();
-    train_ner::<Backend, _>(&opts, &SingleProcess, &mut timer, &device).map_err(|e| anyhow!("{e}"))?;
+    train_ner::<Backend>(&opts, &SingleProcess, &mut timer, &device).map_err(|e| anyhow!("{e}"))?;
     let wall = started.elapsed().as_secs_f64();
     let timed = &timer.steps[args.warmup_steps.min(timer.steps.len() as u64) as usize..];
     // Harmonic means: total work over total time.
@@ -436,6 +446,7 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         "model": args.model.display().to_string(),
         "batch_size": args.batch_size,
         "bucket_window": args.bucket_window,
+        "placement": args.placement.to_string(),
         "micro_batches": drove_train::micro::MicroBatches::resolve(args.micro_batches, args.batch_size),
         "threads": std::env::var("RAYON_NUM_THREADS").ok()
             .and_then(|t| t.parse::<usize>().ok())

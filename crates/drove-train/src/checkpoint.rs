@@ -51,7 +51,7 @@ fn io(path: &Path, what: &str, e: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Io { path: path.to_path_buf(), message: format!("{what}: {e}") }
 }
 
-/// Where the loop stands, saved beside the weights.
+/// Where the NER loop stands, saved beside the weights.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LoopState {
     /// Epoch of the next batch.
@@ -119,20 +119,20 @@ fn fsync_dir(dir: &Path) {
     }
 }
 
-/// Writes a checkpoint of step `state.global_step` under `root`: everything goes
+/// Writes a checkpoint of step `optim.step` under `root`: everything goes
 /// into `step-N.tmp`, which is renamed to `step-N`; then `latest` is replaced.
 /// `extra` files (predictions) are written into the same folder. Older
 /// checkpoints beyond the newest `keep` are removed.
-pub fn save(
+pub fn save<S: serde::Serialize + ?Sized>(
     root: &Path,
     params: &FlatParams,
     optim: &FlatAdamW,
-    state: &LoopState,
+    state: &S,
     extra: &[(String, Vec<u8>)],
     keep: usize,
 ) -> Result<PathBuf, CheckpointError> {
     std::fs::create_dir_all(root).map_err(|e| io(root, "cannot create", e))?;
-    let dir = step_dir(root, state.global_step);
+    let dir = step_dir(root, optim.step);
     let tmp = dir.with_extension("tmp");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, "cannot create", e))?;
@@ -150,7 +150,10 @@ pub fn save(
         moments.push((format!("v.{n}"), s.clone(), optim.v[i].as_slice()));
     }
     write_tensors(&tmp.join("optimizer.safetensors"), moments)?;
-    let mut json = serde_json::to_value(state).expect("state serialises");
+    let mut json = serde_json::to_value(state).map_err(|e| io(&tmp, "serialising the state", e))?;
+    if !json.is_object() {
+        json = serde_json::json!({ "state": json });
+    }
     json["optimizer_step"] = optim.step.into();
     let text = serde_json::to_vec_pretty(&json).expect("state serialises");
     std::fs::write(tmp.join("state.json"), text).map_err(|e| io(&tmp, "writing state.json", e))?;
@@ -219,8 +222,9 @@ pub fn latest(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
 pub struct Loaded {
     /// The folder.
     pub dir: PathBuf,
-    /// The loop's position.
-    pub state: LoopState,
+    /// The caller's state saved with it (`state.json`, with the optimizer's
+    /// step as `optimizer_step`).
+    pub state: serde_json::Value,
 }
 
 /// Loads the checkpoint in `dir` into `params` and `optim` (which must already
@@ -231,10 +235,6 @@ pub fn load(dir: &Path, params: &mut FlatParams, optim: &mut FlatAdamW) -> Resul
     let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| CheckpointError::Corrupt {
         path: state_path.clone(),
         message: format!("not JSON ({e})"),
-    })?;
-    let state: LoopState = serde_json::from_value(json.clone()).map_err(|e| CheckpointError::Corrupt {
-        path: state_path.clone(),
-        message: format!("not a loop state ({e})"),
     })?;
     let model_path = dir.join("model.safetensors");
     let mut model = read_tensors(&model_path)?;
@@ -263,7 +263,7 @@ pub fn load(dir: &Path, params: &mut FlatParams, optim: &mut FlatAdamW) -> Resul
         path: state_path,
         message: "optimizer_step is missing".into(),
     })?;
-    Ok(Loaded { dir: dir.to_path_buf(), state })
+    Ok(Loaded { dir: dir.to_path_buf(), state: json })
 }
 
 #[cfg(test)]
@@ -297,12 +297,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = params();
         let mut o = FlatAdamW::new(AdamWSettings::default(), &p);
-        o.step = 7;
         o.m[0][1] = 0.5;
         o.v[1][0] = 0.25;
-        save(dir.path(), &p, &o, &state(10), &[("x.conll".into(), b"w O O\n".to_vec())], 2).unwrap();
-        save(dir.path(), &p, &o, &state(20), &[], 2).unwrap();
-        save(dir.path(), &p, &o, &state(30), &[], 2).unwrap();
+        for step in [10, 20, 30] {
+            // Folders are named by the optimizer's step.
+            o.step = step;
+            let extra = if step == 10 { vec![("x.conll".to_string(), b"w O O\n".to_vec())] } else { vec![] };
+            save(dir.path(), &p, &o, &state(step), &extra, 2).unwrap();
+        }
         let newest = latest(dir.path()).unwrap().unwrap();
         assert_eq!(newest, step_dir(dir.path(), 30));
         assert!(!step_dir(dir.path(), 10).exists(), "only the newest two are kept");
@@ -312,7 +314,8 @@ mod tests {
         let loaded = load(&newest, &mut q, &mut o2).unwrap();
         assert_eq!(q, p);
         assert_eq!(o2, o);
-        assert_eq!(loaded.state, state(30));
+        assert_eq!(loaded.state["optimizer_step"], 30);
+        assert_eq!(serde_json::from_value::<LoopState>(loaded.state).unwrap(), state(30));
     }
 
     #[test]

@@ -1,26 +1,39 @@
-//! # drove-train: the distributed step, through the `Collective` trait
+//! # drove-train: data-parallel training of any burn model, through the `Collective` trait
 //!
-//! The pieces of a data-parallel step on burn that touch other ranks, and
-//! nothing else: a trainer calls [`broadcast_parameters`] once so every rank
-//! starts from rank 0's weights, and [`all_reduce_gradients`] after each
-//! backward pass so every rank applies the same averaged gradients (fused into
-//! buckets, optionally compressed on the wire). It talks to the transport only
-//! through [`drove_comm::Collective`].
+//! [`Replica`] owns one rank's copy of a model and its distributed step, as
+//! Horovod's `DistributedOptimizer` does for PyTorch: built from a burn module,
+//! a [`drove_comm::Collective`] and [`ReplicaOptions`], it broadcasts rank 0's
+//! parameters; each [`Replica::step`] takes this rank's batch and a loss
+//! closure, runs micro-batches at once, accumulates `backward_passes_per_step`
+//! passes, averages the gradients across ranks (fused into buckets), clips
+//! them, and applies AdamW with a warmup/decay schedule and the learning rate
+//! scaled by the world size. [`Replica::save`] and [`Replica::load`] checkpoint
+//! and resume every rank from one folder. Where parameters and optimizer state
+//! live is a [`Placement`]: host flat buffers (the CPU fast path) or tensors on
+//! the backend's device, whose gradient all-reduce goes through one seam,
+//! [`device::BucketAllReduce`].
 //!
-//! Around them: [`flat`] (parameters and gradients as flat buffers, clipping,
-//! AdamW), [`micro`] (a rank's batch split into micro-batches that run at once,
-//! one per core), [`schedule`], [`checkpoint`], and [`ner`], the fine-tuning
-//! loop that joins `drove-bert` and `drove-collate`.
+//! The parts it is made of are public too: [`broadcast_parameters`] and
+//! [`all_reduce_gradients`] for a loop of one's own, [`flat`] (flat buffers,
+//! clipping, AdamW), [`device`] (the same on the device), [`micro`],
+//! [`schedule`] and [`checkpoint`]. [`ner`] is one user: the BERT fine-tune for
+//! named-entity recognition that joins `drove-bert` and `drove-collate`.
 //!
 //! Parameters are visited in module order, which is the same on every rank for
 //! the same model type, so ranks exchange matching buffers without naming them.
 #![deny(missing_docs)]
 
 pub mod checkpoint;
+pub mod device;
 pub mod flat;
 pub mod micro;
 pub mod ner;
+pub mod replica;
 pub mod schedule;
+
+pub use replica::{
+    LossReduction, Micro, PhaseTimes, Placement, Replica, ReplicaOptions, Rows, Schedule, StepOutcome,
+};
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
@@ -35,6 +48,15 @@ pub enum TrainError {
     /// The collective failed.
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// Options that cannot work.
+    #[error("invalid option: {0}")]
+    Options(String),
+    /// The ranks do not hold the same state.
+    #[error("ranks disagree: {0}")]
+    Disagree(String),
+    /// A checkpoint could not be written or read.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
     /// A tensor could not be read as f32.
     #[error("parameter {index} could not be read as f32: {message}")]
     Data {

@@ -14,10 +14,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use drove_bert::{BertConfig, BertForTokenClassification};
 use drove_collate::diag::{AgreementAccumulator, AgreementReport, RowMasks};
 use drove_collate::entities::EntityCounts;
@@ -25,14 +24,14 @@ use drove_collate::{
     Batch, Bucketing, Collator, Corpus, DistributedSampler, Example, LabelSet, Loader, LoaderConfig,
     MaskConfig, MaskSeeding, Masker, Padding, WordPieceTokenizer, read_conll,
 };
-use drove_comm::fusion::{FusionOptions, all_reduce_fused};
 use drove_comm::{Buffer, Collective, Element, ReduceOptions};
 use drove_seed::StreamKey;
 
 use crate::checkpoint::{self, LoopState};
-use crate::flat::{AdamWSettings, FlatAdamW, FlatParams, clip_global_norm, cosine, take_gradients};
-use crate::micro::{MicroBatches, add_into, fresh_leaves};
-use crate::schedule::{LrScaling, WarmupLinear};
+use crate::flat::{AdamWSettings, cosine};
+use crate::micro::MicroBatches;
+use crate::replica::{LossReduction, Placement, Replica, ReplicaOptions, Schedule};
+use crate::schedule::LrScaling;
 
 /// Everything a fine-tune needs to know.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -87,6 +86,10 @@ pub struct NerOptions {
     /// the order of floating-point sums does.
     #[serde(default)]
     pub micro_batches: usize,
+    /// Where parameters and optimizer state live (host buffers or backend
+    /// tensors).
+    #[serde(default)]
+    pub placement: Placement,
     /// Sort windows of this many batches by length (0: no bucketing).
     pub bucket_window: usize,
     /// Override the dropout of `config.json` (e.g. 0 for exact comparisons).
@@ -124,6 +127,7 @@ impl Default for NerOptions {
             checkpoint_every: 0,
             workers: 2,
             micro_batches: 0,
+            placement: Placement::Host,
             bucket_window: 16,
             dropout: None,
             resume: false,
@@ -476,26 +480,18 @@ fn split_gathered<T: Clone>(data: &[T], first_dims: &[usize]) -> Vec<Vec<T>> {
 }
 
 /// Fine-tunes on `comm`'s ranks. Every rank calls this with the same options.
-pub fn train_ner<B, C>(
+///
+/// The step is a [`Replica`]'s: this function keeps what is NER (data, the
+/// token loss normalised by the global batch, evaluation, predictions and the
+/// mask diagnostic) and the loop's position for checkpoints.
+pub fn train_ner<B: AutodiffBackend>(
     opts: &NerOptions,
-    comm: &C,
+    comm: &dyn Collective,
     observer: &mut dyn Observer,
     device: &B::Device,
-) -> Result<NerSummary, NerError>
-where
-    B: AutodiffBackend,
-    C: Collective + ?Sized,
-{
+) -> Result<NerSummary, NerError> {
     let (rank, world) = (comm.rank(), comm.world_size());
-    if opts.batch_size == 0 || opts.epochs == 0 {
-        return Err(NerError::Options("--batch-size and --epochs must be at least 1".into()));
-    }
-    if !(0.0..=1.0).contains(&opts.augment_mask) {
-        return Err(NerError::Options(format!(
-            "--augment-mask must be in [0, 1], found {}",
-            opts.augment_mask
-        )));
-    }
+    check_options(opts)?;
     let data = NerData::load(opts)?;
     observer.note(&format!(
         "rank {rank}/{world}: {} training sentences, {} labels, evaluation sets {:?}",
@@ -512,30 +508,180 @@ where
         )));
     }
     let layers = model.bert.layers.len();
-    let mut model = crate::broadcast_parameters(model, comm, 0, device)?;
-    let mut params = FlatParams::read(&model)?;
-    let diag_name = resolve_parameter(&opts.diagnose_parameter, layers);
-    if opts.diagnose_every > 0 && world < 2 {
-        observer.note("--diagnose-every compares ranks: with one rank there is nothing to compare; ignored");
-    }
-    let diag_index = if opts.diagnose_every > 0 && world >= 2 {
-        Some(params.index_of(&diag_name).ok_or_else(|| {
-            NerError::Options(format!(
-                "--diagnose-parameter {diag_name:?} is not a parameter; some that are: {:?}",
-                &params.names[params.names.len().saturating_sub(6)..]
-            ))
-        })?)
-    } else {
-        None
-    };
-    let mut optim = FlatAdamW::new(opts.adamw, &params);
-    let micro = {
-        let count = MicroBatches::resolve(opts.micro_batches, opts.batch_size);
-        MicroBatches::new(count, rayon::current_num_threads())
-            .map_err(|e| NerError::Options(format!("could not start {count} micro-batch threads: {e}")))?
-    };
+    let loader = training_loader(opts, &data, rank, world)?;
+    let steps_per_epoch = loader.plan(0).len();
+    let total_steps = (steps_per_epoch * opts.epochs) as u64;
+    let mut replica = Replica::new(model, comm, replica_options(opts, total_steps), device)?;
+    let diag_index = diagnosed_parameter(opts, replica.parameter_names(), layers, world, observer)?;
 
-    // Data: this rank's shard, masked from its own streams.
+    let ckpt_root = opts.out.join("checkpoints");
+    let mut state = LoopState {
+        epoch: 0,
+        batch: 0,
+        global_step: 0,
+        world_size: world,
+        batch_size: opts.batch_size,
+        seed: opts.seed,
+        train_sentences: data.train.len(),
+        history: Vec::new(),
+    };
+    let mut last_checkpoint = None;
+    if opts.resume {
+        match checkpoint::latest(&ckpt_root)? {
+            Some(dir) => {
+                state = resume(&mut replica, &dir, &state)?;
+                observer.note(&format!(
+                    "resumed from {} at epoch {}, batch {}, step {}",
+                    dir.display(),
+                    state.epoch + 1,
+                    state.batch,
+                    state.global_step
+                ));
+                last_checkpoint = Some(dir);
+            }
+            None => observer.note(&format!("no checkpoint in {}: starting afresh", ckpt_root.display())),
+        }
+    }
+
+    let mut evaluations: Vec<EvalReport> =
+        state.history.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
+    let mut totals = Totals::new(world, opts.augment_mask);
+    let mut steps_here = 0u64;
+    let num_labels = data.labels.len();
+    observer.started(state.global_step, total_steps);
+
+    'epochs: while state.epoch < opts.epochs {
+        let epoch = state.epoch;
+        for (b, batch) in loader.epoch(epoch as u64).enumerate() {
+            let batch = batch?;
+            if b < state.batch {
+                continue; // done before the checkpoint we resumed from
+            }
+            if opts.max_steps.is_some_and(|m| steps_here >= m) {
+                break 'epochs;
+            }
+            let t0 = Instant::now();
+            let step = state.global_step + 1;
+            // Dropout draws from this rank's stream for this step.
+            let dropout_seed = StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0];
+            let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count();
+            let mut counts = [local_labelled as f64, batch.real_tokens() as f64];
+            comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
+            let labelled_global = counts[0].max(1.0);
+            let scale = world as f64 / labelled_global;
+            replica.backward(&batch, |model, micro| {
+                drove_bert::seed_dropout_rows(dropout_seed, micro.rows.start);
+                let part = micro.batch.rows(micro.rows.clone());
+                let (ids, types, mask) = batch_tensors::<B>(&part, device);
+                loss(model.forward(ids, types, mask), &part.labels, num_labels, scale, device)
+            })?;
+            if let Some(index) = diag_index.filter(|_| step.is_multiple_of(opts.diagnose_every as u64)) {
+                let report =
+                    diagnose(comm, &batch, &replica.local_gradient(index)?, step, &mut totals.agreement)?;
+                totals.cosines.push(report.grad_cosine);
+                observer.diagnosed(&report);
+            }
+            let outcome = replica.apply()?;
+            state.global_step = step;
+            state.batch = b + 1;
+            steps_here += 1;
+
+            let dt = t0.elapsed().as_secs_f64();
+            totals.add(dt, (batch.batch_size * world) as u64, counts[1] as u64);
+            // The loss is scaled for the global batch; report this rank's mean.
+            observer.step(&StepReport {
+                step,
+                total_steps,
+                epoch: epoch + 1,
+                loss: outcome.local_loss * labelled_global / world as f64 / local_labelled.max(1) as f64,
+                lr: outcome.lr.unwrap_or(0.0),
+                grad_norm: outcome.grad_norm.unwrap_or(0.0),
+                sentences_per_s: (batch.batch_size * world) as f64 / dt,
+                tokens_per_s: counts[1] / dt,
+            });
+            if opts.checkpoint_every > 0
+                && step.is_multiple_of(opts.checkpoint_every as u64)
+                && state.batch < steps_per_epoch
+                && let Some(dir) = replica.save(&ckpt_root, &state, &[], 2)?
+            {
+                observer.note(&format!("checkpoint {}", dir.display()));
+                last_checkpoint = Some(dir);
+            }
+        }
+        if state.batch < steps_per_epoch {
+            break; // stopped by max_steps
+        }
+        // End of epoch: evaluate, then checkpoint with the predictions beside it.
+        state.epoch += 1;
+        state.batch = 0;
+        let inference = replica.model().valid();
+        let mut extra = Vec::new();
+        for set in &data.eval {
+            let (report, predictions) = evaluate::<B::InnerBackend>(
+                &inference,
+                set,
+                &data.labels,
+                comm,
+                state.epoch,
+                state.global_step,
+                device,
+            )?;
+            observer.evaluated(&report);
+            state.history.push(serde_json::to_value(&report).expect("a report serialises"));
+            evaluations.push(report);
+            if let Some(text) = predictions {
+                extra.push((format!("{}.predictions.conll", set.name), text));
+            }
+        }
+        if let Some(dir) = replica.save(&ckpt_root, &state, &extra, 2)? {
+            observer.note(&format!("checkpoint {}", dir.display()));
+            last_checkpoint = Some(dir);
+        }
+    }
+
+    let summary = totals.summary(world, state.global_step, evaluations, last_checkpoint);
+    if rank == 0 {
+        std::fs::create_dir_all(&opts.out)
+            .map_err(|e| NerError::Output { path: opts.out.clone(), message: e.to_string() })?;
+        let path = opts.out.join("summary.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&summary).expect("a summary serialises"))
+            .map_err(|e| NerError::Output { path, message: e.to_string() })?;
+    }
+    Ok(summary)
+}
+
+fn check_options(opts: &NerOptions) -> Result<(), NerError> {
+    if opts.batch_size == 0 || opts.epochs == 0 {
+        return Err(NerError::Options("--batch-size and --epochs must be at least 1".into()));
+    }
+    if !(0.0..=1.0).contains(&opts.augment_mask) {
+        return Err(NerError::Options(format!(
+            "--augment-mask must be in [0, 1], found {}",
+            opts.augment_mask
+        )));
+    }
+    Ok(())
+}
+
+/// The step of a fine-tune: AdamW with warmup and linear decay over the whole
+/// run, a loss the loop normalises itself (by the global batch's labelled
+/// tokens), and at most one micro-batch per row.
+fn replica_options(opts: &NerOptions, total_steps: u64) -> ReplicaOptions {
+    ReplicaOptions {
+        lr: opts.lr,
+        lr_scaling: opts.lr_scaling,
+        schedule: Schedule::warmup_linear(opts.warmup_fraction, total_steps),
+        adamw: opts.adamw,
+        clip_norm: opts.clip_norm,
+        micro_batches: MicroBatches::resolve(opts.micro_batches, opts.batch_size),
+        loss: LossReduction::Sum,
+        placement: opts.placement,
+        ..ReplicaOptions::default()
+    }
+}
+
+/// This rank's shard, masked from its own streams.
+fn training_loader(opts: &NerOptions, data: &NerData, rank: usize, world: usize) -> Result<Loader, NerError> {
     let special = data.tokenizer.special();
     let masker = if opts.augment_mask > 0.0 {
         Some(
@@ -559,10 +705,10 @@ where
     let train: Arc<[Example]> = data.train.clone().into();
     let sampler = DistributedSampler::new(train.len(), world, rank, opts.seed)
         .map_err(|e| NerError::Options(e.to_string()))?;
-    let loader = Loader::new(
-        Arc::clone(&train),
+    Ok(Loader::new(
+        train,
         sampler,
-        Arc::clone(&collator),
+        collator,
         LoaderConfig {
             batch_size: opts.batch_size,
             workers: opts.workers.max(1),
@@ -572,231 +718,118 @@ where
             seeding: opts.seeding,
             seed: opts.seed,
         },
-    )?;
-    let steps_per_epoch = loader.plan(0).len();
-    let total_steps = (steps_per_epoch * opts.epochs) as u64;
-    let peak = opts.lr_scaling.scale(opts.lr, world);
-    let schedule = WarmupLinear::with_fraction(peak, opts.warmup_fraction, total_steps as usize);
+    )?)
+}
 
-    // Resume.
-    let ckpt_root = opts.out.join("checkpoints");
-    let mut state = LoopState {
-        epoch: 0,
-        batch: 0,
-        global_step: 0,
-        world_size: world,
-        batch_size: opts.batch_size,
-        seed: opts.seed,
-        train_sentences: train.len(),
-        history: Vec::new(),
-    };
-    let mut last_checkpoint = None;
-    if opts.resume {
-        match checkpoint::latest(&ckpt_root)? {
-            Some(dir) => {
-                let loaded = checkpoint::load(&dir, &mut params, &mut optim)?;
-                let s = &loaded.state;
-                for (what, theirs, ours) in [
-                    ("world size", s.world_size as u64, world as u64),
-                    ("batch size", s.batch_size as u64, opts.batch_size as u64),
-                    ("training sentences", s.train_sentences as u64, train.len() as u64),
-                    ("seed", s.seed, opts.seed),
-                ] {
-                    if theirs != ours {
-                        return Err(checkpoint::CheckpointError::Mismatch {
-                            path: dir.clone(),
-                            message: format!("it was written with {what} {theirs}, this run has {ours}"),
-                        }
-                        .into());
-                    }
-                }
-                state = loaded.state;
-                model = params.write(model, device);
-                observer.note(&format!(
-                    "resumed from {} at epoch {}, batch {}, step {}",
-                    dir.display(),
-                    state.epoch + 1,
-                    state.batch,
-                    state.global_step
-                ));
-                last_checkpoint = Some(dir);
+/// The index of the parameter the diagnostic compares, when it runs.
+fn diagnosed_parameter(
+    opts: &NerOptions,
+    names: &[String],
+    layers: usize,
+    world: usize,
+    observer: &mut dyn Observer,
+) -> Result<Option<usize>, NerError> {
+    if opts.diagnose_every == 0 {
+        return Ok(None);
+    }
+    if world < 2 {
+        observer.note("--diagnose-every compares ranks: with one rank there is nothing to compare; ignored");
+        return Ok(None);
+    }
+    let name = resolve_parameter(&opts.diagnose_parameter, layers);
+    names.iter().position(|n| *n == name).map(Some).ok_or_else(|| {
+        NerError::Options(format!(
+            "--diagnose-parameter {name:?} is not a parameter; some that are: {:?}",
+            &names[names.len().saturating_sub(6)..]
+        ))
+    })
+}
+
+/// Loads `dir` into the replica on every rank and returns the loop's position,
+/// which must come from a run of the same shape as `fresh`.
+fn resume<B: AutodiffBackend>(
+    replica: &mut Replica<'_, B, BertForTokenClassification<B>>,
+    dir: &Path,
+    fresh: &LoopState,
+) -> Result<LoopState, NerError> {
+    let json = replica.load(dir)?;
+    let s: LoopState = serde_json::from_value(json).map_err(|e| checkpoint::CheckpointError::Corrupt {
+        path: dir.join("state.json"),
+        message: format!("not the state of a NER fine-tune ({e})"),
+    })?;
+    for (what, theirs, ours) in [
+        ("world size", s.world_size as u64, fresh.world_size as u64),
+        ("batch size", s.batch_size as u64, fresh.batch_size as u64),
+        ("training sentences", s.train_sentences as u64, fresh.train_sentences as u64),
+        ("seed", s.seed, fresh.seed),
+        ("optimizer steps", s.global_step, replica.steps()),
+    ] {
+        if theirs != ours {
+            return Err(checkpoint::CheckpointError::Mismatch {
+                path: dir.to_path_buf(),
+                message: format!("it was written with {what} {theirs}, this run has {ours}"),
             }
-            None => observer.note(&format!("no checkpoint in {}: starting afresh", ckpt_root.display())),
+            .into());
+        }
+    }
+    Ok(s)
+}
+
+/// Throughput and diagnostics over this process's steps.
+struct Totals {
+    agreement: AgreementAccumulator,
+    cosines: Vec<f64>,
+    sentences: u64,
+    tokens: u64,
+    seconds: f64,
+}
+
+impl Totals {
+    fn new(world: usize, mask_probability: f64) -> Self {
+        Totals {
+            agreement: AgreementAccumulator::new(world, mask_probability),
+            cosines: Vec::new(),
+            sentences: 0,
+            tokens: 0,
+            seconds: 0.0,
         }
     }
 
-    let mut evaluations: Vec<EvalReport> =
-        state.history.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
-    let mut agreement = AgreementAccumulator::new(world, opts.augment_mask);
-    let (mut cos_sum, mut cos_n) = (0f64, 0u64);
-    let (mut sentences, mut tokens, mut train_seconds) = (0u64, 0u64, 0f64);
-    let mut steps_here = 0u64;
-    let num_labels = data.labels.len();
-    observer.started(state.global_step, total_steps);
-
-    'epochs: while state.epoch < opts.epochs {
-        let epoch = state.epoch;
-        let batches = loader.epoch(epoch as u64);
-        for (b, batch) in batches.enumerate() {
-            let batch = batch?;
-            if b < state.batch {
-                continue; // done before the checkpoint we resumed from
-            }
-            if opts.max_steps.is_some_and(|m| steps_here >= m) {
-                break 'epochs;
-            }
-            let t0 = Instant::now();
-            let step = state.global_step + 1;
-            // Dropout draws from this rank's stream for this step.
-            let dropout_seed = StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0];
-            let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count();
-            let mut counts = [local_labelled as f64, batch.real_tokens() as f64];
-            comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
-            let labelled_global = counts[0].max(1.0);
-            let scale = world as f64 / labelled_global;
-            let jobs: Vec<_> = batch
-                .split(micro.count())
-                .into_iter()
-                .map(|part| (part, fresh_leaves(model.clone())))
-                .collect();
-            let outputs = micro.run(jobs, |_, ((first_row, part), model)| {
-                drove_bert::seed_dropout_rows(dropout_seed, first_row);
-                let (ids, types, mask) = batch_tensors::<B>(&part, device);
-                let logits = model.forward(ids, types, mask);
-                let local = loss(logits, &part.labels, num_labels, scale, device);
-                let loss_value = f64::from(local.clone().into_scalar().elem::<f32>());
-                let mut grads = GradientsParams::from_grads(local.backward(), &model);
-                take_gradients(&model, &mut grads).map(|flat| (loss_value, flat))
-            });
-            // The micro-batches' losses and gradients, summed into the first's.
-            let mut outputs = outputs.into_iter();
-            let (mut loss_value, mut flat) = outputs.next().expect("a batch has at least one row")?;
-            for output in outputs {
-                let (part_loss, part_flat) = output?;
-                loss_value += part_loss;
-                add_into(&mut flat, &part_flat);
-            }
-
-            if let Some(index) = diag_index
-                .filter(|_| opts.diagnose_every > 0 && step.is_multiple_of(opts.diagnose_every as u64))
-            {
-                let report = diagnose(comm, &batch, &flat[index], step, &mut agreement)?;
-                cos_sum += report.grad_cosine;
-                cos_n += 1;
-                observer.diagnosed(&report);
-            }
-
-            {
-                let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
-                all_reduce_fused(
-                    comm,
-                    "gradients",
-                    &mut refs,
-                    ReduceOptions::average(),
-                    FusionOptions::default(),
-                )?;
-            }
-            let grad_norm = if opts.clip_norm > 0.0 {
-                clip_global_norm(&mut flat, opts.clip_norm)
-            } else {
-                crate::flat::global_norm(&flat)
-            };
-            let lr = schedule.lr(state.global_step as usize);
-            optim.update(&mut params, &flat, lr);
-            model = params.write(model, device);
-            state.global_step = step;
-            state.batch = b + 1;
-            steps_here += 1;
-
-            let dt = t0.elapsed().as_secs_f64();
-            train_seconds += dt;
-            sentences += (batch.batch_size * world) as u64;
-            tokens += counts[1] as u64;
-            // The loss is scaled for the global batch; report this rank's mean.
-            let local_labelled = local_labelled.max(1) as f64;
-            observer.step(&StepReport {
-                step,
-                total_steps,
-                epoch: epoch + 1,
-                loss: loss_value * labelled_global / world as f64 / local_labelled,
-                lr,
-                grad_norm,
-                sentences_per_s: (batch.batch_size * world) as f64 / dt,
-                tokens_per_s: counts[1] / dt,
-            });
-            if opts.checkpoint_every > 0
-                && step.is_multiple_of(opts.checkpoint_every as u64)
-                && state.batch < steps_per_epoch
-            {
-                comm.barrier("checkpoint")?;
-                if rank == 0 {
-                    let dir = checkpoint::save(&ckpt_root, &params, &optim, &state, &[], 2)?;
-                    observer.note(&format!("checkpoint {}", dir.display()));
-                    last_checkpoint = Some(dir);
-                }
-            }
-        }
-        if state.batch < steps_per_epoch {
-            break; // stopped by max_steps
-        }
-        // End of epoch: evaluate, then checkpoint with the predictions beside it.
-        state.epoch += 1;
-        state.batch = 0;
-        let inference = model.valid();
-        let mut extra = Vec::new();
-        for set in &data.eval {
-            let (report, predictions) = evaluate::<B::InnerBackend, C>(
-                &inference,
-                set,
-                &data.labels,
-                comm,
-                state.epoch,
-                state.global_step,
-                device,
-            )?;
-            observer.evaluated(&report);
-            state.history.push(serde_json::to_value(&report).expect("a report serialises"));
-            evaluations.push(report);
-            if let Some(text) = predictions {
-                extra.push((format!("{}.predictions.conll", set.name), text));
-            }
-        }
-        comm.barrier("checkpoint")?;
-        if rank == 0 {
-            let dir = checkpoint::save(&ckpt_root, &params, &optim, &state, &extra, 2)?;
-            observer.note(&format!("checkpoint {}", dir.display()));
-            last_checkpoint = Some(dir);
-        }
+    fn add(&mut self, seconds: f64, sentences: u64, tokens: u64) {
+        self.seconds += seconds;
+        self.sentences += sentences;
+        self.tokens += tokens;
     }
 
-    let test_f1 = evaluations.iter().rev().find(|e| e.set == "test").map(|e| e.f1);
-    let agreement = agreement.report();
-    let summary = NerSummary {
-        world_size: world,
-        steps: state.global_step,
-        evaluations,
-        test_f1,
-        mask_agreement: (agreement.steps > 0).then_some(agreement),
-        grad_cosine: (cos_n > 0).then(|| cos_sum / cos_n as f64),
-        sentences_per_s: if train_seconds > 0.0 { sentences as f64 / train_seconds } else { 0.0 },
-        tokens_per_s: if train_seconds > 0.0 { tokens as f64 / train_seconds } else { 0.0 },
-        train_seconds,
-        checkpoint: last_checkpoint,
-    };
-    if rank == 0 {
-        std::fs::create_dir_all(&opts.out)
-            .map_err(|e| NerError::Output { path: opts.out.clone(), message: e.to_string() })?;
-        let path = opts.out.join("summary.json");
-        std::fs::write(&path, serde_json::to_vec_pretty(&summary).expect("a summary serialises"))
-            .map_err(|e| NerError::Output { path, message: e.to_string() })?;
+    fn summary(
+        self,
+        world: usize,
+        steps: u64,
+        evaluations: Vec<EvalReport>,
+        checkpoint: Option<PathBuf>,
+    ) -> NerSummary {
+        let per_s = |n: u64| if self.seconds > 0.0 { n as f64 / self.seconds } else { 0.0 };
+        let agreement = self.agreement.report();
+        NerSummary {
+            world_size: world,
+            steps,
+            test_f1: evaluations.iter().rev().find(|e| e.set == "test").map(|e| e.f1),
+            evaluations,
+            mask_agreement: (agreement.steps > 0).then_some(agreement),
+            grad_cosine: (!self.cosines.is_empty())
+                .then(|| self.cosines.iter().sum::<f64>() / self.cosines.len() as f64),
+            sentences_per_s: per_s(self.sentences),
+            tokens_per_s: per_s(self.tokens),
+            train_seconds: self.seconds,
+            checkpoint,
+        }
     }
-    Ok(summary)
 }
 
 /// All-gathers this step's masks and the local gradient of the diagnosed
 /// parameter; every rank computes the same report.
-fn diagnose<C: Collective + ?Sized>(
-    comm: &C,
+fn diagnose(
+    comm: &dyn Collective,
     batch: &Batch,
     grad: &[f32],
     step: u64,
@@ -830,11 +863,11 @@ fn diagnose<C: Collective + ?Sized>(
 /// Evaluates this rank's slice (sentences `rank`, `rank + W`, ...) of `set`,
 /// sums the entity counts across ranks and, on rank 0, returns the CoNLL
 /// predictions file of the whole set.
-fn evaluate<B: Backend, C: Collective + ?Sized>(
+fn evaluate<B: Backend>(
     model: &BertForTokenClassification<B>,
     set: &EvalSet,
     labels: &LabelSet,
-    comm: &C,
+    comm: &dyn Collective,
     epoch: usize,
     step: u64,
     device: &B::Device,

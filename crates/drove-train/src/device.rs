@@ -1,0 +1,277 @@
+//! The backend placement: parameters, gradients and AdamW state as tensors on
+//! the backend's device, and the one seam where gradients leave it.
+//!
+//! Gradients are taken from burn's `GradientsParams` as flat 1-D tensors (a
+//! reshape, no copy), summed over micro-batches and passes on the device,
+//! fused into buckets (`Tensor::cat`), and handed to a [`BucketAllReduce`] one
+//! bucket at a time. [`HostStaging`], the default, copies a bucket to one host
+//! buffer, all-reduces it through the [`Collective`] and copies it back; a
+//! device collective (NCCL) implements the same trait on the bucket's device
+//! memory and nothing else changes. Clipping and [`DeviceAdamW`] run in burn
+//! ops: the maths of [`FlatAdamW`](crate::flat::FlatAdamW), operation for
+//! operation, so both placements take the same step.
+//!
+//! Host syncs left on this path: one scalar read per micro-batch for the loss
+//! value, and one for the global gradient norm.
+
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Tensor, TensorData};
+use drove_comm::fusion::{Compression, FusionOptions, all_reduce_fused, buckets};
+use drove_comm::{Collective, ReduceOptions};
+
+use crate::TrainError;
+use crate::flat::{AdamWSettings, FlatAdamW};
+
+/// The all-reduce of one bucket of gradients: **the seam** where a device
+/// collective replaces host staging.
+///
+/// A bucket is the gradients of consecutive parameters (module order),
+/// flattened and concatenated into one 1-D tensor on the backend's device.
+/// Every rank calls this with buckets of the same names and lengths in the
+/// same order; an implementation returns the reduced bucket (in place or as a
+/// new tensor) or fails on every rank, never hangs past its deadline.
+pub trait BucketAllReduce<B: Backend> {
+    /// Reduces `bucket` across the ranks of `comm` with `op` (the replica asks
+    /// for the average). `comm` is the host collective, for implementations
+    /// that check descriptions over it before a device op.
+    fn all_reduce(
+        &self,
+        comm: &dyn Collective,
+        name: &str,
+        bucket: Tensor<B, 1>,
+        op: ReduceOptions,
+    ) -> Result<Tensor<B, 1>, TrainError>;
+}
+
+/// The default [`BucketAllReduce`]: the bucket goes to one host buffer, through
+/// the [`Collective`] (optionally compressed on the wire), and back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostStaging {
+    /// Wire format.
+    pub compression: Compression,
+}
+
+impl<B: Backend> BucketAllReduce<B> for HostStaging {
+    fn all_reduce(
+        &self,
+        comm: &dyn Collective,
+        name: &str,
+        bucket: Tensor<B, 1>,
+        op: ReduceOptions,
+    ) -> Result<Tensor<B, 1>, TrainError> {
+        let device = bucket.device();
+        let mut staged = crate::to_f32(bucket.into_data(), 0)?;
+        let n = staged.len();
+        let fusion = FusionOptions { threshold_bytes: 0, compression: self.compression };
+        all_reduce_fused(comm, name, &mut [staged.as_mut_slice()], op, fusion)?;
+        Ok(Tensor::from_data(TensorData::new(staged, [n]), &device))
+    }
+}
+
+/// Takes every float gradient of `model` out of `grads` as a flat 1-D tensor
+/// on the device, in module order (zeros for a parameter that got none).
+pub fn take_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+    device: &B::Device,
+) -> Vec<Tensor<B::InnerBackend, 1>> {
+    struct Take<'a, B: AutodiffBackend> {
+        grads: &'a mut GradientsParams,
+        device: &'a B::Device,
+        out: Vec<Tensor<B::InnerBackend, 1>>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Take<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let numel: usize = param.val().dims().iter().product();
+            let grad = match self.grads.remove::<B::InnerBackend, D>(param.id) {
+                Some(g) => g.reshape([numel]),
+                None => Tensor::zeros([numel], self.device),
+            };
+            self.out.push(grad);
+        }
+    }
+    let mut take = Take::<B> { grads, device, out: Vec::new() };
+    model.visit(&mut take);
+    take.out
+}
+
+/// Averages `grads` across the ranks of `comm`, in buckets of at most
+/// `fusion.threshold_bytes`, each through `reducer`. A world of one without
+/// compression leaves them as they are.
+pub fn all_reduce_buckets<B: Backend>(
+    reducer: &dyn BucketAllReduce<B>,
+    comm: &dyn Collective,
+    grads: &mut [Tensor<B, 1>],
+    fusion: FusionOptions,
+) -> Result<(), TrainError> {
+    if comm.world_size() == 1 && fusion.compression == Compression::None {
+        return Ok(());
+    }
+    let sizes: Vec<usize> = grads.iter().map(|g| g.dims()[0]).collect();
+    let bytes: Vec<usize> = sizes.iter().map(|n| n * 4).collect();
+    for (b, bucket) in buckets(&bytes, fusion.threshold_bytes).into_iter().enumerate() {
+        let name = format!("gradients.bucket{b}");
+        let parts: Vec<Tensor<B, 1>> = bucket.iter().map(|&i| grads[i].clone()).collect();
+        let packed = if parts.len() == 1 {
+            parts.into_iter().next().expect("one part")
+        } else {
+            Tensor::cat(parts, 0)
+        };
+        let reduced = reducer.all_reduce(comm, &name, packed, ReduceOptions::average())?;
+        let lengths: Vec<usize> = bucket.iter().map(|&i| sizes[i]).collect();
+        if reduced.dims()[0] != lengths.iter().sum::<usize>() {
+            return Err(TrainError::Options(format!(
+                "{name}: the bucket all-reduce returned {} values for a bucket of {}",
+                reduced.dims()[0],
+                lengths.iter().sum::<usize>()
+            )));
+        }
+        let pieces = if lengths.len() == 1 { vec![reduced] } else { reduced.split_with_sizes(lengths, 0) };
+        for (&i, piece) in bucket.iter().zip(pieces) {
+            grads[i] = piece;
+        }
+    }
+    Ok(())
+}
+
+/// The L2 norm of all gradients together (one host read).
+pub fn global_norm<B: Backend>(grads: &[Tensor<B, 1>]) -> f64 {
+    if grads.is_empty() {
+        return 0.0;
+    }
+    let squares: Vec<Tensor<B, 1>> = grads.iter().map(|g| g.clone().powi_scalar(2).sum()).collect();
+    let total: f32 = Tensor::cat(squares, 0).sum().into_scalar().elem();
+    f64::from(total).sqrt()
+}
+
+/// Scales every gradient by `max_norm / norm` when their global norm exceeds
+/// `max_norm` (0: never); returns the norm before clipping. As
+/// [`crate::flat::clip_global_norm`].
+pub fn clip_global_norm<B: Backend>(grads: &mut [Tensor<B, 1>], max_norm: f64) -> f64 {
+    let norm = global_norm(grads);
+    if max_norm > 0.0 {
+        let scale = max_norm / (norm + 1e-6);
+        if scale < 1.0 {
+            for g in grads.iter_mut() {
+                *g = g.clone().mul_scalar(scale as f32);
+            }
+        }
+    }
+    norm
+}
+
+/// AdamW whose moments are tensors on the device, one flat tensor per
+/// parameter: [`FlatAdamW`]'s update in burn ops.
+pub struct DeviceAdamW<B: Backend> {
+    /// Settings.
+    pub settings: AdamWSettings,
+    /// Updates applied so far.
+    pub step: u64,
+    /// First moments, flat, in module order.
+    pub m: Vec<Tensor<B, 1>>,
+    /// Second moments.
+    pub v: Vec<Tensor<B, 1>>,
+    /// Whether each parameter decays.
+    pub decay: Vec<bool>,
+}
+
+impl<B: Backend> DeviceAdamW<B> {
+    /// Fresh state for parameters of `shapes`.
+    pub fn new(settings: AdamWSettings, shapes: &[Vec<usize>], decay: Vec<bool>, device: &B::Device) -> Self {
+        let zeros = || -> Vec<Tensor<B, 1>> {
+            shapes.iter().map(|s| Tensor::zeros([s.iter().product::<usize>()], device)).collect()
+        };
+        DeviceAdamW { settings, step: 0, m: zeros(), v: zeros(), decay }
+    }
+
+    /// One update of `model`'s float parameters with `grads` (flat, module
+    /// order) at learning rate `lr`; returns the updated model, every
+    /// parameter keeping its id and whether it requires a gradient.
+    ///
+    /// # Panics
+    /// If `grads` does not match the model's parameters in number.
+    pub fn update<AB, M>(&mut self, model: M, grads: &[Tensor<B, 1>], lr: f64) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: AutodiffModule<AB>,
+    {
+        assert_eq!(grads.len(), self.m.len(), "one gradient per parameter");
+        self.step += 1;
+        let s = self.settings;
+        let t = self.step as i32;
+        let c1 = 1.0 - s.beta1.powi(t);
+        let c2 = 1.0 - s.beta2.powi(t);
+        let mut mapper = Update::<AB> {
+            adam: self,
+            grads,
+            index: 0,
+            lr,
+            step_size: (lr / c1) as f32,
+            c2_sqrt: c2.sqrt() as f32,
+            _b: std::marker::PhantomData,
+        };
+        model.map(&mut mapper)
+    }
+
+    /// The moments as host buffers (for a checkpoint).
+    pub fn to_flat(&self) -> Result<FlatAdamW, TrainError> {
+        let read = |ts: &[Tensor<B, 1>]| -> Result<Vec<Vec<f32>>, TrainError> {
+            ts.iter().enumerate().map(|(i, t)| crate::to_f32(t.clone().into_data(), i)).collect()
+        };
+        Ok(FlatAdamW {
+            settings: self.settings,
+            step: self.step,
+            m: read(&self.m)?,
+            v: read(&self.v)?,
+            decay: self.decay.clone(),
+        })
+    }
+
+    /// Takes the moments and step of `flat` (from a checkpoint).
+    pub fn load_flat(&mut self, flat: &FlatAdamW, device: &B::Device) {
+        let write = |bufs: &[Vec<f32>]| -> Vec<Tensor<B, 1>> {
+            bufs.iter().map(|b| Tensor::from_data(TensorData::new(b.clone(), [b.len()]), device)).collect()
+        };
+        self.m = write(&flat.m);
+        self.v = write(&flat.v);
+        self.step = flat.step;
+    }
+}
+
+/// Visits the parameters in module order and applies one AdamW update to each.
+struct Update<'a, AB: AutodiffBackend> {
+    adam: &'a mut DeviceAdamW<AB::InnerBackend>,
+    grads: &'a [Tensor<AB::InnerBackend, 1>],
+    index: usize,
+    lr: f64,
+    step_size: f32,
+    c2_sqrt: f32,
+    _b: std::marker::PhantomData<AB>,
+}
+
+impl<AB: AutodiffBackend> ModuleMapper<AB> for Update<'_, AB> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let i = self.index;
+        self.index += 1;
+        let s = self.adam.settings;
+        let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.epsilon as f32);
+        let keep = if self.adam.decay[i] { (1.0 - self.lr * s.weight_decay) as f32 } else { 1.0 };
+        let (id, tensor, mapper) = param.consume();
+        let trainable = tensor.is_require_grad();
+        let shape = tensor.shape();
+        let numel = shape.num_elements();
+        let p = tensor.inner().reshape([numel]);
+        let g = self.grads[i].clone();
+        // The order of FlatAdamW::update, operation for operation.
+        let m = self.adam.m[i].clone().mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
+        let v = self.adam.v[i].clone().mul_scalar(b2) + g.clone().mul_scalar(1.0 - b2).mul(g);
+        let denominator = v.clone().sqrt().div_scalar(self.c2_sqrt).add_scalar(eps);
+        let p = p.mul_scalar(keep) - m.clone().mul_scalar(self.step_size).div(denominator);
+        self.adam.m[i] = m;
+        self.adam.v[i] = v;
+        let value = Tensor::<AB, D>::from_inner(p.reshape(shape));
+        Param::from_mapped_value(id, if trainable { value.require_grad() } else { value }, mapper)
+    }
+}
