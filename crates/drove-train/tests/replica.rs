@@ -1,0 +1,311 @@
+//! `Replica`, the reusable distributed step, on a tiny BERT token classifier
+//! with dropout off: both placements take the step that one rank over the whole
+//! batch takes (2 ranks x 8 rows = 1 x 16; 2 backward passes of 8 = 1 of 16;
+//! 3 micro-batches = 1), the host and backend placements agree, a checkpoint
+//! resumes the run as if it had not stopped, and ranks that load different
+//! checkpoints fail together. Ranks are threads with their own communicators
+//! (over shared memory); the multi-process versions run under `drove run`.
+use std::path::Path;
+use std::sync::OnceLock;
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::{Int, Tensor, TensorData};
+use drove_bert::{BertConfig, BertForTokenClassification};
+use drove_comm::{Collective, CommOptions, Communicator, FileRendezvous, SingleProcess};
+use drove_train::flat::{AdamWSettings, FlatParams};
+use drove_train::{Placement, Replica, ReplicaOptions, Schedule, TrainError};
+
+type B = Autodiff<Flex>;
+type Model = BertForTokenClassification<B>;
+const SEQ: usize = 12;
+const LABELS: usize = 5;
+const ROWS: usize = 16;
+
+/// Rows of made-up token ids and labels.
+#[derive(Clone)]
+struct Rows {
+    ids: Vec<i64>,
+    labels: Vec<i64>,
+}
+
+impl drove_train::Rows for Rows {
+    fn rows(&self) -> usize {
+        self.ids.len() / SEQ
+    }
+}
+
+impl Rows {
+    /// `count` rows for step `step`, starting at row `first` of that step's 16.
+    fn of_step(step: usize, first: usize, count: usize) -> Rows {
+        let mut s = 12345u64 + step as u64;
+        let mut next = |m: u64| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % m) as i64
+        };
+        let ids: Vec<i64> = (0..ROWS * SEQ).map(|_| 1 + next(49)).collect();
+        let labels: Vec<i64> = (0..ROWS * SEQ).map(|_| next(LABELS as u64)).collect();
+        let span = first * SEQ..(first + count) * SEQ;
+        Rows { ids: ids[span.clone()].to_vec(), labels: labels[span].to_vec() }
+    }
+}
+
+fn config() -> BertConfig {
+    BertConfig { hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0, ..BertConfig::tiny(50) }
+}
+
+fn params(model: &Model) -> Vec<f32> {
+    struct Collect(Vec<f32>);
+    impl ModuleVisitor<B> for Collect {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            self.0.extend(p.val().into_data().to_vec::<f32>().unwrap());
+        }
+    }
+    let mut c = Collect(Vec::new());
+    model.visit(&mut c);
+    c.0
+}
+
+/// AdamW's epsilon is burn's default (1e-5) rather than torch's 1e-8: with
+/// 1e-8, elements whose gradient is rounding noise around zero (1e-10) move by
+/// a hundredth of the learning rate in a direction the order of the sums
+/// decides, which says nothing about the distributed step.
+fn options(placement: Placement) -> ReplicaOptions {
+    ReplicaOptions {
+        lr: 1e-3,
+        adamw: AdamWSettings { epsilon: 1e-5, ..AdamWSettings::default() },
+        schedule: Schedule::WarmupLinear { warmup: 2, total: 10 },
+        clip_norm: 1.0,
+        micro_batches: 1,
+        placement,
+        ..ReplicaOptions::default()
+    }
+}
+
+/// How a rank takes its rows of a step.
+#[derive(Clone, Copy)]
+struct Plan {
+    /// Rows per backward pass on this rank.
+    rows: usize,
+    /// This rank's first row of each step, before its passes.
+    first: usize,
+}
+
+/// `steps` steps (from `from`) of `replica`, each of its passes over `plan.rows`
+/// rows of the step's 16; returns the last outcome's global loss.
+fn train(replica: &mut Replica<'_, B, Model>, plan: Plan, from: usize, steps: usize) -> f64 {
+    let device = Default::default();
+    let passes = replica.options().backward_passes_per_step;
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut last = f64::NAN;
+    for step in from..from + steps {
+        for pass in 0..passes {
+            let rows = Rows::of_step(step, plan.first + pass * plan.rows, plan.rows);
+            let outcome = replica
+                .step(&rows, |model: &Model, micro| {
+                    let (r, n) = (&micro.rows, micro.rows.len());
+                    let ids = TensorData::new(micro.batch.ids[r.start * SEQ..r.end * SEQ].to_vec(), [n, SEQ]);
+                    let ids = Tensor::<B, 2, Int>::from_data(ids, &device);
+                    let y = TensorData::new(micro.batch.labels[r.start * SEQ..r.end * SEQ].to_vec(), [n * SEQ]);
+                    let targets = Tensor::<B, 1, Int>::from_data(y, &device);
+                    let logits = model.forward(ids.clone(), ids.zeros_like(), Tensor::ones([n, SEQ], &device));
+                    loss_fn.forward(logits.reshape([n * SEQ, LABELS]), targets)
+                })
+                .unwrap();
+            assert_eq!(outcome.applied, pass + 1 == passes, "applied only after the last pass");
+            if outcome.applied {
+                last = outcome.global_loss.unwrap();
+                assert!(outcome.grad_norm.unwrap() > 0.0 && outcome.lr.is_some());
+            }
+        }
+    }
+    last
+}
+
+fn relative_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = a.iter().map(|x| x.abs()).fold(0f32, f32::max).max(1e-12);
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max) / scale
+}
+
+/// The same initial weights in every call and every process: a fixed
+/// pseudo-random pattern (BERT's scale, 0.02) instead of the backend's
+/// generator, which other tests running at once draw from too.
+fn initial() -> Model {
+    static WEIGHTS: OnceLock<FlatParams> = OnceLock::new();
+    let device = Default::default();
+    let fresh = config().init_token_classification::<B>(LABELS, &device);
+    let weights = WEIGHTS.get_or_init(|| {
+        let mut flat = FlatParams::read(&fresh).unwrap();
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        for (name, values) in flat.names.iter().zip(&mut flat.values) {
+            for v in values.iter_mut() {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let unit = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5; // [-0.5, 0.5)
+                *v = if name.ends_with("gamma") { 1.0 + 0.1 * unit } else { 0.04 * unit };
+            }
+        }
+        flat
+    });
+    weights.write(fresh, &device)
+}
+
+/// Five steps alone over all 16 rows per step, with `opts`.
+fn alone(opts: ReplicaOptions) -> Vec<f32> {
+    let mut replica = Replica::new(initial(), &SingleProcess, opts, &Default::default()).unwrap();
+    train(&mut replica, Plan { rows: ROWS, first: 0 }, 0, 5);
+    assert_eq!(replica.steps(), 5);
+    params(replica.model())
+}
+
+/// Runs `work(rank, comm)` on `world` thread ranks joined through a directory.
+fn world<T: Send + 'static>(world: usize, work: impl Fn(usize, &Communicator) -> T + Send + Sync + 'static) -> Vec<T> {
+    let dir = tempfile::tempdir().unwrap();
+    let work = std::sync::Arc::new(work);
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let (dir, work) = (dir.path().to_path_buf(), work.clone());
+            std::thread::spawn(move || {
+                let rv = FileRendezvous::new(&dir, rank, world).unwrap();
+                let comm = Communicator::connect(&rv, CommOptions::default()).unwrap();
+                work(rank, &comm)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+#[test]
+fn two_ranks_of_8_take_the_step_of_one_of_16_in_both_placements() {
+    let moved = relative_diff(&alone(options(Placement::Host)), &params(&initial()));
+    assert!(moved > 1e-4, "training moved the parameters by only {moved}");
+    for placement in [Placement::Host, Placement::Backend] {
+        let single = alone(options(placement));
+        let ranks = world(2, move |rank, comm| {
+            // Rank 1 starts from other random weights: the broadcast must fix that.
+            let model = if rank == 0 { initial() } else { config().init_token_classification(LABELS, &Default::default()) };
+            let opts = ReplicaOptions { lr: 1e-3 / 2.0, ..options(placement) }; // linear scaling doubles it
+            let mut replica = Replica::new(model, comm, opts, &Default::default()).unwrap();
+            train(&mut replica, Plan { rows: 8, first: rank * 8 }, 0, 5);
+            params(replica.model())
+        });
+        assert_eq!(relative_diff(&ranks[0], &ranks[1]), 0.0, "{placement}: ranks hold identical parameters");
+        let d = relative_diff(&single, &ranks[0]);
+        eprintln!("{placement}: 2 x 8 vs 1 x 16: {d:e}");
+        assert!(d <= 1e-5, "{placement}: 2 x 8 differs from 1 x 16 by {d} (relative max)");
+    }
+}
+
+#[test]
+fn host_and_backend_placements_take_the_same_steps() {
+    let (host, backend) = (alone(options(Placement::Host)), alone(options(Placement::Backend)));
+    let d = relative_diff(&host, &backend);
+    eprintln!("host vs backend: {d:e}");
+    assert!(d <= 1e-5, "host and backend placements differ by {d} after 5 steps");
+    // The bound can fail: four steps are outside it.
+    let mut short = Replica::new(initial(), &SingleProcess, options(Placement::Host), &Default::default()).unwrap();
+    train(&mut short, Plan { rows: ROWS, first: 0 }, 0, 4);
+    let moved = relative_diff(&host, &params(short.model()));
+    eprintln!("the fifth step moved the parameters by {moved:e}");
+    assert!(moved > 1e-5, "the last step moved the parameters by only {moved}: the bound would not tell");
+}
+
+#[test]
+fn two_backward_passes_of_8_equal_one_of_16() {
+    for placement in [Placement::Host, Placement::Backend] {
+        let whole = alone(options(placement));
+        let opts = ReplicaOptions { backward_passes_per_step: 2, ..options(placement) };
+        let mut replica = Replica::new(initial(), &SingleProcess, opts, &Default::default()).unwrap();
+        train(&mut replica, Plan { rows: 8, first: 0 }, 0, 5);
+        assert_eq!(replica.steps(), 5, "two passes make one step");
+        let d = relative_diff(&whole, &params(replica.model()));
+        eprintln!("{placement}: 2 passes x 8 vs 1 x 16: {d:e}");
+        assert!(d <= 1e-5, "{placement}: 2 passes x 8 differ from 1 x 16 by {d}");
+    }
+}
+
+#[test]
+fn micro_batches_sum_to_the_whole_batch() {
+    for placement in [Placement::Host, Placement::Backend] {
+        let whole = alone(options(placement));
+        let split = alone(ReplicaOptions { micro_batches: 3, ..options(placement) });
+        let d = relative_diff(&whole, &split);
+        eprintln!("{placement}: 3 micro-batches vs 1: {d:e}");
+        assert!(d <= 1e-5, "{placement}: 3 micro-batches differ from 1 by {d}");
+    }
+}
+
+/// Three steps, a checkpoint, then two more in a fresh replica (placed as
+/// `then`) loaded from it: the five steps of an uninterrupted run.
+fn resumed(first: Placement, then: Placement, dir: &Path) -> Vec<f32> {
+    let plan = Plan { rows: ROWS, first: 0 };
+    let mut replica = Replica::new(initial(), &SingleProcess, options(first), &Default::default()).unwrap();
+    train(&mut replica, plan, 0, 3);
+    let saved = replica.save(dir, &serde_json::json!({ "next_step": 3 }), &[], 2).unwrap();
+    assert_eq!(saved.unwrap(), dir.join("step-00000003"));
+    // Another model altogether until the checkpoint is loaded.
+    let other = config().init_token_classification(LABELS, &Default::default());
+    let mut replica = Replica::new(other, &SingleProcess, options(then), &Default::default()).unwrap();
+    let state = replica.load(&dir.join("step-00000003")).unwrap();
+    assert_eq!(state["next_step"], 3);
+    assert_eq!(replica.steps(), 3);
+    train(&mut replica, plan, 3, 2);
+    params(replica.model())
+}
+
+#[test]
+fn a_checkpoint_resumes_the_run_in_either_placement() {
+    let straight = alone(options(Placement::Host));
+    for (first, then) in [
+        (Placement::Host, Placement::Host),
+        (Placement::Backend, Placement::Backend),
+        (Placement::Host, Placement::Backend),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = relative_diff(&straight, &resumed(first, then, dir.path()));
+        assert!(d <= 1e-5, "saved {first}, resumed {then}: differs from the straight run by {d}");
+    }
+}
+
+#[test]
+fn ranks_that_load_different_checkpoints_fail_together() {
+    let dir = tempfile::tempdir().unwrap();
+    for (steps, name) in [(1, "a"), (2, "b")] {
+        let mut replica =
+            Replica::new(initial(), &SingleProcess, options(Placement::Host), &Default::default()).unwrap();
+        train(&mut replica, Plan { rows: ROWS, first: 0 }, 0, steps);
+        replica.save(&dir.path().join(name), &serde_json::json!({}), &[], 1).unwrap();
+    }
+    let root = dir.path().to_path_buf();
+    let errors = world(2, move |rank, comm| {
+        let mut replica = Replica::new(initial(), comm, options(Placement::Host), &Default::default()).unwrap();
+        let ckpt = if rank == 0 { root.join("a/step-00000001") } else { root.join("b/step-00000002") };
+        let err = replica.load(&ckpt).unwrap_err();
+        assert!(matches!(err, TrainError::Disagree(_)), "{err}");
+        err.to_string()
+    });
+    for e in &errors {
+        assert!(e.contains("rank(s) [1]") && e.contains("other parameters"), "{e}");
+    }
+    // One rank that cannot read it: that rank gets its own error, the others name it.
+    let root = dir.path().to_path_buf();
+    let errors = world(2, move |rank, comm| {
+        let mut replica = Replica::new(initial(), comm, options(Placement::Host), &Default::default()).unwrap();
+        let ckpt = if rank == 0 { root.join("a/step-00000001") } else { root.join("nowhere") };
+        replica.load(&ckpt).unwrap_err().to_string()
+    });
+    assert!(errors[0].contains("rank(s) [1] could not load"), "{}", errors[0]);
+    assert!(errors[1].contains("nowhere/state.json"), "{}", errors[1]);
+}
+
+#[test]
+fn bad_options_are_named_before_anything_moves() {
+    let opts = ReplicaOptions { lr: f64::NAN, ..ReplicaOptions::default() };
+    let err = Replica::new(initial(), &SingleProcess as &dyn Collective, opts, &Default::default()).err().unwrap();
+    assert!(err.to_string().contains("lr must be a finite number"), "{err}");
+    let mut replica =
+        Replica::new(initial(), &SingleProcess, ReplicaOptions::default(), &Default::default()).unwrap();
+    let err = replica.apply().unwrap_err().to_string();
+    assert!(err.contains("backward pass first"), "{err}");
+}
