@@ -4,15 +4,14 @@
 //! finishes it as if nothing happened, and bad input gets errors naming the
 //! file and the problem. Every wait has a deadline.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::sync::mpsc;
-use std::time::Duration;
 
-const DROVE: &str = env!("CARGO_BIN_EXE_drove");
-const DEADLINE: Duration = Duration::from_secs(600);
+use common::{DROVE, read_latest, relative_difference, run, text, under_run};
 
 fn assets() -> &'static PathBuf {
     static ASSETS: OnceLock<PathBuf> = OnceLock::new();
@@ -31,38 +30,6 @@ fn assets() -> &'static PathBuf {
         );
         dir
     })
-}
-
-/// Runs `cmd` to completion, killing it if it outlives the deadline.
-fn run(cmd: &mut Command) -> Output {
-    let what = format!("{cmd:?}");
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
-    let pid = child.id() as i32;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(DEADLINE) {
-        Ok(out) => out.unwrap_or_else(|e| panic!("waiting for {what}: {e}")),
-        Err(_) => {
-            // SAFETY: kill(2) on a child we started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("{what} did not finish within {DEADLINE:?}");
-        }
-    }
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "stdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// `drove train ner` on the real assets with the given extra arguments.
@@ -84,72 +51,47 @@ fn train_on(data: &Path, model: &Path, out: &Path, extra: &[&str]) -> Command {
     cmd
 }
 
-fn under_run(np: usize, inner: Command) -> Command {
-    let mut cmd = Command::new(DROVE);
-    cmd.args(["run", "--np", &np.to_string(), "--"]).arg(inner.get_program()).args(inner.get_args());
-    for (k, v) in inner.get_envs() {
-        if let Some(v) = v {
-            cmd.env(k, v);
-        }
-    }
-    cmd
-}
-
 fn read_model(dir: &Path) -> HashMap<String, Vec<f32>> {
-    let latest = std::fs::read_to_string(dir.join("checkpoints/latest")).expect("a latest checkpoint");
-    let bytes = std::fs::read(dir.join("checkpoints").join(latest.trim()).join("model.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .map(|(name, v)| {
-            let values =
-                v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-            (name, values)
-        })
-        .collect()
+    read_latest(&dir.join("checkpoints"))
 }
 
 fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join("summary.json")).expect("summary.json")).unwrap()
 }
 
-/// Largest absolute difference over the largest absolute value, over every tensor.
-fn relative_difference(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> f32 {
-    assert_eq!(a.len(), b.len());
-    let (mut diff, mut scale) = (0f32, 0f32);
-    for (name, x) in a {
-        let y = &b[name];
-        for (p, q) in x.iter().zip(y) {
-            diff = diff.max((p - q).abs());
-            scale = scale.max(p.abs());
-        }
-    }
-    diff / scale
-}
-
 const SMALL: &[&str] = &["--max-train-sentences", "16", "--epochs", "5", "--dropout", "0", "--eval", ""];
 
 #[test]
-fn two_processes_of_8_equal_one_of_16() {
+fn two_processes_of_8_equal_one_of_16_in_both_placements() {
     let dir = tempfile::tempdir().unwrap();
-    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
     let common = [SMALL, &["--lr-scaling", "none", "--lr", "1e-3", "--warmup", "0"]].concat();
-    let out =
-        run(train(&one, &[&common[..], &["--batch-size", "16"]].concat()).env("RAYON_NUM_THREADS", "2"));
-    assert!(out.status.success(), "{}", text(&out));
-    let out = run(&mut under_run(2, train(&two, &[&common[..], &["--batch-size", "8"]].concat())));
-    assert!(out.status.success(), "{}", text(&out));
-    let (a, b) = (read_model(&one), read_model(&two));
-    assert_eq!(summary(&one)["steps"], 5);
-    assert_eq!(summary(&two)["steps"], 5);
-    let d = relative_difference(&a, &b);
-    assert!(d < 1e-5, "parameters differ by {d} (relative) after 5 steps");
+    let mut alone = Vec::new();
+    for placement in ["host", "backend"] {
+        let (one, two) =
+            (dir.path().join(format!("one-{placement}")), dir.path().join(format!("two-{placement}")));
+        let args = [&common[..], &["--placement", placement]].concat();
+        let out =
+            run(train(&one, &[&args[..], &["--batch-size", "16"]].concat()).env("RAYON_NUM_THREADS", "2"));
+        assert!(out.status.success(), "{}", text(&out));
+        let out = run(&mut under_run(2, train(&two, &[&args[..], &["--batch-size", "8"]].concat())));
+        assert!(out.status.success(), "{}", text(&out));
+        let (a, b) = (read_model(&one), read_model(&two));
+        assert_eq!(summary(&one)["steps"], 5);
+        assert_eq!(summary(&two)["steps"], 5);
+        let d = relative_difference(&a, &b);
+        eprintln!("{placement}: 2x8 vs 1x16: {d:e}");
+        assert!(d < 1e-5, "{placement}: parameters differ by {d} (relative) after 5 steps");
+        alone.push(a);
+    }
+    let d = relative_difference(&alone[0], &alone[1]);
+    eprintln!("host vs backend placement: {d:e}");
+    assert!(d < 1e-5, "the host and backend placements differ by {d} (relative) after 5 steps");
     // The bound can fail: one step fewer is outside it.
     let short = dir.path().join("short");
     let out = run(&mut train(&short, &[&common[..], &["--batch-size", "16", "--max-steps", "4"]].concat()));
     assert!(out.status.success(), "{}", text(&out));
-    let moved = relative_difference(&a, &read_model(&short));
-    eprintln!("2x8 vs 1x16: {d:e}; the last step moved the parameters by {moved:e}");
+    let moved = relative_difference(&alone[0], &read_model(&short));
+    eprintln!("the last step moved the parameters by {moved:e}");
     assert!(moved > 1e-5, "the last step moved the parameters by only {moved}: the bound would not tell");
 }
 

@@ -107,9 +107,11 @@ fn train(replica: &mut Replica<'_, B, Model>, plan: Plan, from: usize, steps: us
                     let (r, n) = (&micro.rows, micro.rows.len());
                     let ids = TensorData::new(micro.batch.ids[r.start * SEQ..r.end * SEQ].to_vec(), [n, SEQ]);
                     let ids = Tensor::<B, 2, Int>::from_data(ids, &device);
-                    let y = TensorData::new(micro.batch.labels[r.start * SEQ..r.end * SEQ].to_vec(), [n * SEQ]);
+                    let y =
+                        TensorData::new(micro.batch.labels[r.start * SEQ..r.end * SEQ].to_vec(), [n * SEQ]);
                     let targets = Tensor::<B, 1, Int>::from_data(y, &device);
-                    let logits = model.forward(ids.clone(), ids.zeros_like(), Tensor::ones([n, SEQ], &device));
+                    let logits =
+                        model.forward(ids.clone(), ids.zeros_like(), Tensor::ones([n, SEQ], &device));
                     loss_fn.forward(logits.reshape([n * SEQ, LABELS]), targets)
                 })
                 .unwrap();
@@ -160,7 +162,10 @@ fn alone(opts: ReplicaOptions) -> Vec<f32> {
 }
 
 /// Runs `work(rank, comm)` on `world` thread ranks joined through a directory.
-fn world<T: Send + 'static>(world: usize, work: impl Fn(usize, &Communicator) -> T + Send + Sync + 'static) -> Vec<T> {
+fn world<T: Send + 'static>(
+    world: usize,
+    work: impl Fn(usize, &Communicator) -> T + Send + Sync + 'static,
+) -> Vec<T> {
     let dir = tempfile::tempdir().unwrap();
     let work = std::sync::Arc::new(work);
     let handles: Vec<_> = (0..world)
@@ -184,7 +189,11 @@ fn two_ranks_of_8_take_the_step_of_one_of_16_in_both_placements() {
         let single = alone(options(placement));
         let ranks = world(2, move |rank, comm| {
             // Rank 1 starts from other random weights: the broadcast must fix that.
-            let model = if rank == 0 { initial() } else { config().init_token_classification(LABELS, &Default::default()) };
+            let model = if rank == 0 {
+                initial()
+            } else {
+                config().init_token_classification(LABELS, &Default::default())
+            };
             let opts = ReplicaOptions { lr: 1e-3 / 2.0, ..options(placement) }; // linear scaling doubles it
             let mut replica = Replica::new(model, comm, opts, &Default::default()).unwrap();
             train(&mut replica, Plan { rows: 8, first: rank * 8 }, 0, 5);
@@ -204,7 +213,8 @@ fn host_and_backend_placements_take_the_same_steps() {
     eprintln!("host vs backend: {d:e}");
     assert!(d <= 1e-5, "host and backend placements differ by {d} after 5 steps");
     // The bound can fail: four steps are outside it.
-    let mut short = Replica::new(initial(), &SingleProcess, options(Placement::Host), &Default::default()).unwrap();
+    let mut short =
+        Replica::new(initial(), &SingleProcess, options(Placement::Host), &Default::default()).unwrap();
     train(&mut short, Plan { rows: ROWS, first: 0 }, 0, 4);
     let moved = relative_diff(&host, &params(short.model()));
     eprintln!("the fifth step moved the parameters by {moved:e}");
@@ -279,7 +289,8 @@ fn ranks_that_load_different_checkpoints_fail_together() {
     }
     let root = dir.path().to_path_buf();
     let errors = world(2, move |rank, comm| {
-        let mut replica = Replica::new(initial(), comm, options(Placement::Host), &Default::default()).unwrap();
+        let mut replica =
+            Replica::new(initial(), comm, options(Placement::Host), &Default::default()).unwrap();
         let ckpt = if rank == 0 { root.join("a/step-00000001") } else { root.join("b/step-00000002") };
         let err = replica.load(&ckpt).unwrap_err();
         assert!(matches!(err, TrainError::Disagree(_)), "{err}");
@@ -291,7 +302,8 @@ fn ranks_that_load_different_checkpoints_fail_together() {
     // One rank that cannot read it: that rank gets its own error, the others name it.
     let root = dir.path().to_path_buf();
     let errors = world(2, move |rank, comm| {
-        let mut replica = Replica::new(initial(), comm, options(Placement::Host), &Default::default()).unwrap();
+        let mut replica =
+            Replica::new(initial(), comm, options(Placement::Host), &Default::default()).unwrap();
         let ckpt = if rank == 0 { root.join("a/step-00000001") } else { root.join("nowhere") };
         replica.load(&ckpt).unwrap_err().to_string()
     });
@@ -302,7 +314,8 @@ fn ranks_that_load_different_checkpoints_fail_together() {
 #[test]
 fn bad_options_are_named_before_anything_moves() {
     let opts = ReplicaOptions { lr: f64::NAN, ..ReplicaOptions::default() };
-    let err = Replica::new(initial(), &SingleProcess as &dyn Collective, opts, &Default::default()).err().unwrap();
+    let err =
+        Replica::new(initial(), &SingleProcess as &dyn Collective, opts, &Default::default()).err().unwrap();
     assert!(err.to_string().contains("lr must be a finite number"), "{err}");
     let mut replica =
         Replica::new(initial(), &SingleProcess, ReplicaOptions::default(), &Default::default()).unwrap();

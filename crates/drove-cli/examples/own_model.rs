@@ -1,0 +1,120 @@
+//! Train your own burn model with drove: a small MLP fitted to a synthetic
+//! regression set, data-parallel under `drove run`, through `drove_train::Replica`.
+//!
+//! ```text
+//! cargo build --release -p drove-cli --bin drove --example own_model
+//! target/release/drove run --np 2 -- target/release/examples/own_model
+//! ```
+//!
+//! Alone (no launcher) it trains as a world of one. Every step's global batch
+//! is `--rows` x ranks x `--passes` samples; each rank takes its own rows.
+use std::path::PathBuf;
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::Module;
+use burn::nn::loss::{MseLoss, Reduction};
+use burn::nn::{Linear, LinearConfig, Relu};
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+use clap::Parser;
+use drove_comm::{Collective, Communicator, SingleProcess};
+use drove_seed::{Purpose, SampleStreams, StreamKey};
+use drove_train::{Placement, Replica, ReplicaOptions};
+use rand_core::Rng;
+
+type B = Autodiff<Flex>;
+const FEATURES: usize = 8;
+
+#[derive(Module, Debug)]
+struct Mlp<B: Backend> {
+    hidden: Linear<B>,
+    relu: Relu,
+    out: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.out.forward(self.relu.forward(self.hidden.forward(x)))
+    }
+}
+
+/// Sample `i`: features in [-1, 1) from the sample's own stream (the same on
+/// every rank), and a target that is a fixed function of them.
+fn sample(i: usize) -> ([f32; FEATURES], f32) {
+    let mut rng = SampleStreams::new(7, Purpose::Init, 0).stream(i as u64);
+    let x: [f32; FEATURES] = std::array::from_fn(|_| (rng.next_u64() >> 40) as f32 / (1 << 23) as f32 - 1.0);
+    let y = x.iter().enumerate().map(|(k, v)| (k as f32 + 1.0).sin() * v).sum::<f32>() + x[0] * x[1];
+    (x, y)
+}
+
+/// Options.
+#[derive(Parser)]
+struct Args {
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 300)]
+    steps: usize,
+    /// Rows per rank and backward pass.
+    #[arg(long, default_value_t = 32)]
+    rows: usize,
+    /// Backward passes per step (gradient accumulation).
+    #[arg(long, default_value_t = 1)]
+    passes: usize,
+    /// Learning rate for one rank (scaled linearly with the ranks).
+    #[arg(long, default_value_t = 1e-2)]
+    lr: f64,
+    /// host or backend.
+    #[arg(long, default_value = "host")]
+    placement: Placement,
+    /// Write the final checkpoint under this folder.
+    #[arg(long)]
+    save: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // Under `drove run` the ranks find each other through its coordinator.
+    let comm: Box<dyn Collective> = match std::env::var_os("DROVE_COORDINATOR") {
+        Some(_) => Box::new(Communicator::from_env()?),
+        None => Box::new(SingleProcess),
+    };
+    let (rank, world, device) = (comm.rank(), comm.world_size(), Default::default());
+    B::seed(&device, StreamKey::init(42).derive().words()[0]); // the same initial weights everywhere
+    let model = Mlp::<B> {
+        hidden: LinearConfig::new(FEATURES, 32).init(&device),
+        relu: Relu::new(),
+        out: LinearConfig::new(32, 1).init(&device),
+    };
+    let options = ReplicaOptions {
+        lr: args.lr,
+        backward_passes_per_step: args.passes,
+        placement: args.placement,
+        ..ReplicaOptions::default()
+    };
+    // Starts every rank from rank 0's parameters.
+    let mut replica = Replica::new(model, comm.as_ref(), options, &device)?;
+    let mut loss = f64::NAN;
+    for step in 0..args.steps {
+        for pass in 0..args.passes {
+            let first = ((step * args.passes + pass) * world + rank) * args.rows;
+            let batch: Vec<_> = (first..first + args.rows).map(sample).collect();
+            let outcome = replica.step(&batch, |model, micro| {
+                let rows = &batch[micro.rows.clone()];
+                let x: Vec<f32> = rows.iter().flat_map(|(x, _)| *x).collect();
+                let y: Vec<f32> = rows.iter().map(|(_, y)| *y).collect();
+                let x = Tensor::from_data(TensorData::new(x, [rows.len(), FEATURES]), &device);
+                let y = Tensor::from_data(TensorData::new(y, [rows.len(), 1]), &device);
+                MseLoss::new().forward(model.forward(x), y, Reduction::Mean)
+            })?;
+            loss = outcome.global_loss.unwrap_or(loss);
+        }
+        if rank == 0 && step % 50 == 0 {
+            println!("step {step}: loss {loss:.5}");
+        }
+    }
+    if rank == 0 {
+        println!("final loss {loss:.5} after {} steps on {world} rank(s)", args.steps);
+    }
+    if let Some(dir) = &args.save {
+        replica.save(dir, &serde_json::json!({ "steps": args.steps }), &[], 1)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! Helpers the process-level tests share: runs with a deadline, `drove run`
+//! wrappers, and checkpoints read back for comparison.
+#![allow(dead_code)] // each test file uses its own part
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub const DROVE: &str = env!("CARGO_BIN_EXE_drove");
+pub const DEADLINE: Duration = Duration::from_secs(600);
+
+/// Runs `cmd` to completion, killing it if it outlives the deadline.
+pub fn run(cmd: &mut Command) -> Output {
+    let what = format!("{cmd:?}");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+    let pid = child.id() as i32;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(DEADLINE) {
+        Ok(out) => out.unwrap_or_else(|e| panic!("waiting for {what}: {e}")),
+        Err(_) => {
+            // SAFETY: kill(2) on a child we started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("{what} did not finish within {DEADLINE:?}");
+        }
+    }
+}
+
+/// Both streams of a finished command, for assertion messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `inner` as the program of `drove run --np N`, with its environment.
+pub fn under_run(np: usize, inner: Command) -> Command {
+    let mut cmd = Command::new(DROVE);
+    cmd.args(["run", "--np", &np.to_string(), "--"]).arg(inner.get_program()).args(inner.get_args());
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    cmd
+}
+
+/// The parameters of the checkpoint `root/latest` names, by tensor name.
+pub fn read_latest(root: &Path) -> HashMap<String, Vec<f32>> {
+    let latest = std::fs::read_to_string(root.join("latest")).expect("a latest checkpoint");
+    let bytes = std::fs::read(root.join(latest.trim()).join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, v)| {
+            let values =
+                v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            (name, values)
+        })
+        .collect()
+}
+
+/// Largest absolute difference over the largest absolute value, over every tensor.
+pub fn relative_difference(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let (mut diff, mut scale) = (0f32, 0f32);
+    for (name, x) in a {
+        let y = &b[name];
+        for (p, q) in x.iter().zip(y) {
+            diff = diff.max((p - q).abs());
+            scale = scale.max(p.abs());
+        }
+    }
+    diff / scale
+}
