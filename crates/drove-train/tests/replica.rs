@@ -322,3 +322,67 @@ fn bad_options_are_named_before_anything_moves() {
     let err = replica.apply().unwrap_err().to_string();
     assert!(err.contains("backward pass first"), "{err}");
 }
+
+/// Writes a checkpoint as the trainer before `Replica` laid it out, by hand:
+/// `model.safetensors` by parameter name, `optimizer.safetensors` with `m.` and
+/// `v.` moments, and the NER loop's `state.json` with `optimizer_step`.
+fn write_previous_layout(dir: &Path, weights: &FlatParams, step: u64) {
+    use safetensors::tensor::{Dtype, TensorView};
+    std::fs::create_dir_all(dir).unwrap();
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let model: Vec<(String, Vec<usize>, Vec<u8>)> = weights
+        .names
+        .iter()
+        .zip(&weights.shapes)
+        .zip(&weights.values)
+        .map(|((n, s), v)| (n.clone(), s.clone(), bytes(v)))
+        .collect();
+    let moments: Vec<(String, Vec<usize>, Vec<u8>)> = weights
+        .names
+        .iter()
+        .zip(&weights.shapes)
+        .zip(&weights.values)
+        .flat_map(|((n, s), v)| {
+            let m: Vec<f32> = v.iter().map(|x| x * 0.1).collect();
+            let v2: Vec<f32> = v.iter().map(|x| x * x).collect();
+            [(format!("m.{n}"), s.clone(), bytes(&m)), (format!("v.{n}"), s.clone(), bytes(&v2))]
+        })
+        .collect();
+    for (file, tensors) in [("model.safetensors", model), ("optimizer.safetensors", moments)] {
+        let views: Vec<(String, TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, s, b)| (n.clone(), TensorView::new(Dtype::F32, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join(file)).unwrap();
+    }
+    let state = serde_json::json!({
+        "epoch": 0, "batch": 3, "global_step": step, "world_size": 1, "batch_size": 16,
+        "seed": 42, "train_sentences": 16, "history": [], "optimizer_step": step,
+    });
+    std::fs::write(dir.join("state.json"), state.to_string()).unwrap();
+}
+
+#[test]
+fn a_checkpoint_in_the_previous_layout_resumes_in_both_placements() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("step-00000003");
+    let mut saved = FlatParams::read(&initial()).unwrap();
+    saved.values.iter_mut().flatten().for_each(|x| *x += 0.25);
+    write_previous_layout(&ckpt, &saved, 3);
+    for placement in [Placement::Host, Placement::Backend] {
+        let mut replica =
+            Replica::new(initial(), &SingleProcess, options(placement), &Default::default()).unwrap();
+        let state = replica.load(&ckpt).unwrap();
+        assert_eq!((state["global_step"].as_u64(), replica.steps()), (Some(3), 3), "{placement}");
+        assert_eq!(FlatParams::read(replica.model()).unwrap().values, saved.values, "{placement}");
+        // And it trains on from there, both placements alike.
+        train(&mut replica, Plan { rows: ROWS, first: 0 }, 3, 1);
+    }
+    // Without the optimizer's step it is not a checkpoint this version can resume.
+    let state = std::fs::read_to_string(ckpt.join("state.json")).unwrap();
+    std::fs::write(ckpt.join("state.json"), state.replace("\"optimizer_step\":3", "\"old\":3")).unwrap();
+    let mut replica =
+        Replica::new(initial(), &SingleProcess, options(Placement::Host), &Default::default()).unwrap();
+    let err = replica.load(&ckpt).unwrap_err().to_string();
+    assert!(err.contains("state.json") && err.contains("optimizer_step is missing"), "{err}");
+}
