@@ -9,7 +9,6 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
 use drove_bert::{BertConfig, BertForTokenClassification};
@@ -55,16 +54,9 @@ fn config() -> BertConfig {
     BertConfig { hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0, ..BertConfig::tiny(50) }
 }
 
+/// Every float parameter, in module order, end to end.
 fn params(model: &Model) -> Vec<f32> {
-    struct Collect(Vec<f32>);
-    impl ModuleVisitor<B> for Collect {
-        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            self.0.extend(p.val().into_data().to_vec::<f32>().unwrap());
-        }
-    }
-    let mut c = Collect(Vec::new());
-    model.visit(&mut c);
-    c.0
+    FlatParams::read(model).unwrap().values.concat()
 }
 
 /// AdamW's epsilon is burn's default (1e-5) rather than torch's 1e-8: with
