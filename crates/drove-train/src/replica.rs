@@ -353,6 +353,68 @@ enum State<B: AutodiffBackend> {
     Backend { optim: DeviceAdamW<B::InnerBackend>, reducer: Box<dyn BucketAllReduce<B::InnerBackend>> },
 }
 
+/// What an update needs besides the state it changes.
+struct UpdateSettings<'a> {
+    comm: &'a dyn Collective,
+    fusion: FusionOptions,
+    clip: f64,
+    lr: f64,
+}
+
+/// Runs `f`, adding the time it took to `slot`.
+fn timed<T>(slot: &mut Duration, f: impl FnOnce() -> T) -> T {
+    let started = Instant::now();
+    let out = f();
+    *slot += started.elapsed();
+    out
+}
+
+impl<B: AutodiffBackend> State<B> {
+    /// The placement's part of an update: gradients averaged across ranks,
+    /// clipped, and applied by AdamW; returns the model (unchanged if the
+    /// all-reduce failed) and the norm before clipping.
+    fn update<M: AutodiffModule<B>>(
+        &mut self,
+        model: M,
+        grads: Gradients<B>,
+        u: &UpdateSettings<'_>,
+        device: &B::Device,
+        times: &mut PhaseTimes,
+    ) -> (M, Result<f64, TrainError>) {
+        match (self, grads) {
+            (State::Host { params, optim }, Gradients::Host(mut flat)) => {
+                let reduced = timed(&mut times.all_reduce, || {
+                    let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
+                    all_reduce_fused(u.comm, "gradients", &mut refs, ReduceOptions::average(), u.fusion)
+                });
+                if let Err(e) = reduced {
+                    return (model, Err(e.into()));
+                }
+                let norm = timed(&mut times.clip, || {
+                    if u.clip > 0.0 { clip_global_norm(&mut flat, u.clip) } else { global_norm(&flat) }
+                });
+                let model = timed(&mut times.update, || {
+                    optim.update(params, &flat, u.lr);
+                    params.write(model, device)
+                });
+                (model, Ok(norm))
+            }
+            (State::Backend { optim, reducer }, Gradients::Backend(mut tensors)) => {
+                let reduced = timed(&mut times.all_reduce, || {
+                    crate::device::all_reduce_buckets(reducer.as_ref(), u.comm, &mut tensors, u.fusion)
+                });
+                if let Err(e) = reduced {
+                    return (model, Err(e));
+                }
+                let norm = timed(&mut times.clip, || crate::device::clip_global_norm(&mut tensors, u.clip));
+                let model = timed(&mut times.update, || optim.update(model, &tensors, u.lr));
+                (model, Ok(norm))
+            }
+            _ => unreachable!("one placement per replica"),
+        }
+    }
+}
+
 /// One rank's replica of a model and its distributed step.
 ///
 /// Built by [`Replica::new`], which broadcasts the root's parameters;
@@ -597,45 +659,10 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let local_loss = std::mem::take(&mut self.local_loss);
         let passes = std::mem::take(&mut self.passes);
         let model = self.model.take().expect("the model is always put back");
-        let (model, grad_norm) = match (&mut self.state, grads) {
-            (State::Host { params, optim }, Gradients::Host(mut flat)) => {
-                let t = Instant::now();
-                let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
-                let reduced =
-                    all_reduce_fused(comm, "gradients", &mut refs, ReduceOptions::average(), fusion);
-                times.all_reduce = t.elapsed();
-                if let Err(e) = reduced {
-                    self.model = Some(model);
-                    return Err(e.into());
-                }
-                let t = Instant::now();
-                let norm = if clip > 0.0 { clip_global_norm(&mut flat, clip) } else { global_norm(&flat) };
-                times.clip = t.elapsed();
-                let t = Instant::now();
-                optim.update(params, &flat, lr);
-                let model = params.write(model, &self.device);
-                times.update = t.elapsed();
-                (model, norm)
-            }
-            (State::Backend { optim, reducer }, Gradients::Backend(mut tensors)) => {
-                let t = Instant::now();
-                let reduced = crate::device::all_reduce_buckets(reducer.as_ref(), comm, &mut tensors, fusion);
-                times.all_reduce = t.elapsed();
-                if let Err(e) = reduced {
-                    self.model = Some(model);
-                    return Err(e);
-                }
-                let t = Instant::now();
-                let norm = crate::device::clip_global_norm(&mut tensors, clip);
-                times.clip = t.elapsed();
-                let t = Instant::now();
-                let model = optim.update(model, &tensors, lr);
-                times.update = t.elapsed();
-                (model, norm)
-            }
-            _ => unreachable!("one placement per replica"),
-        };
+        let settings = UpdateSettings { comm, fusion, clip, lr };
+        let (model, grad_norm) = self.state.update(model, grads, &settings, &self.device, &mut times);
         self.model = Some(model);
+        let grad_norm = grad_norm?;
         let global_loss = if comm.world_size() > 1 {
             let mut value = [local_loss];
             comm.all_reduce("step.loss", &[1], f64::tensor_mut(&mut value), ReduceOptions::average())?;
