@@ -511,11 +511,9 @@ pub fn train_ner<B: AutodiffBackend>(
     let loader = training_loader(opts, &data, rank, world)?;
     let steps_per_epoch = loader.plan(0).len();
     let total_steps = (steps_per_epoch * opts.epochs) as u64;
-    let mut replica = Replica::new(model, comm, replica_options(opts, total_steps), device)?;
-    let diag_index = diagnosed_parameter(opts, replica.parameter_names(), layers, world, observer)?;
-
-    let ckpt_root = opts.out.join("checkpoints");
-    let mut state = LoopState {
+    let replica = Replica::new(model, comm, replica_options(opts, total_steps), device)?;
+    let diagnosed = diagnosed_parameter(opts, replica.parameter_names(), layers, world, observer)?;
+    let state = LoopState {
         epoch: 0,
         batch: 0,
         global_step: 0,
@@ -525,121 +523,44 @@ pub fn train_ner<B: AutodiffBackend>(
         train_sentences: data.train.len(),
         history: Vec::new(),
     };
-    let mut last_checkpoint = None;
+    let mut fit = Fit {
+        opts,
+        data: &data,
+        replica,
+        observer,
+        device,
+        diagnosed,
+        steps_per_epoch,
+        total_steps,
+        root: opts.out.join("checkpoints"),
+        state,
+        evaluations: Vec::new(),
+        totals: Totals::new(world, opts.augment_mask),
+        last_checkpoint: None,
+    };
     if opts.resume {
-        match checkpoint::latest(&ckpt_root)? {
-            Some(dir) => {
-                state = resume(&mut replica, &dir, &state)?;
-                observer.note(&format!(
-                    "resumed from {} at epoch {}, batch {}, step {}",
-                    dir.display(),
-                    state.epoch + 1,
-                    state.batch,
-                    state.global_step
-                ));
-                last_checkpoint = Some(dir);
-            }
-            None => observer.note(&format!("no checkpoint in {}: starting afresh", ckpt_root.display())),
-        }
+        fit.resume()?;
     }
-
-    let mut evaluations: Vec<EvalReport> =
-        state.history.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
-    let mut totals = Totals::new(world, opts.augment_mask);
+    fit.observer.started(fit.state.global_step, total_steps);
     let mut steps_here = 0u64;
-    let num_labels = data.labels.len();
-    observer.started(state.global_step, total_steps);
-
-    'epochs: while state.epoch < opts.epochs {
-        let epoch = state.epoch;
-        for (b, batch) in loader.epoch(epoch as u64).enumerate() {
+    'epochs: while fit.state.epoch < opts.epochs {
+        for (b, batch) in loader.epoch(fit.state.epoch as u64).enumerate() {
             let batch = batch?;
-            if b < state.batch {
+            if b < fit.state.batch {
                 continue; // done before the checkpoint we resumed from
             }
             if opts.max_steps.is_some_and(|m| steps_here >= m) {
                 break 'epochs;
             }
-            let t0 = Instant::now();
-            let step = state.global_step + 1;
-            // Dropout draws from this rank's stream for this step.
-            let dropout_seed = StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0];
-            let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count();
-            let mut counts = [local_labelled as f64, batch.real_tokens() as f64];
-            comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
-            let labelled_global = counts[0].max(1.0);
-            let scale = world as f64 / labelled_global;
-            replica.backward(&batch, |model, micro| {
-                drove_bert::seed_dropout_rows(dropout_seed, micro.rows.start);
-                let part = micro.batch.rows(micro.rows.clone());
-                let (ids, types, mask) = batch_tensors::<B>(&part, device);
-                loss(model.forward(ids, types, mask), &part.labels, num_labels, scale, device)
-            })?;
-            if let Some(index) = diag_index.filter(|_| step.is_multiple_of(opts.diagnose_every as u64)) {
-                let report =
-                    diagnose(comm, &batch, &replica.local_gradient(index)?, step, &mut totals.agreement)?;
-                totals.cosines.push(report.grad_cosine);
-                observer.diagnosed(&report);
-            }
-            let outcome = replica.apply()?;
-            state.global_step = step;
-            state.batch = b + 1;
+            fit.step(b, &batch)?;
             steps_here += 1;
-
-            let dt = t0.elapsed().as_secs_f64();
-            totals.add(dt, (batch.batch_size * world) as u64, counts[1] as u64);
-            // The loss is scaled for the global batch; report this rank's mean.
-            observer.step(&StepReport {
-                step,
-                total_steps,
-                epoch: epoch + 1,
-                loss: outcome.local_loss * labelled_global / world as f64 / local_labelled.max(1) as f64,
-                lr: outcome.lr.unwrap_or(0.0),
-                grad_norm: outcome.grad_norm.unwrap_or(0.0),
-                sentences_per_s: (batch.batch_size * world) as f64 / dt,
-                tokens_per_s: counts[1] / dt,
-            });
-            if opts.checkpoint_every > 0
-                && step.is_multiple_of(opts.checkpoint_every as u64)
-                && state.batch < steps_per_epoch
-                && let Some(dir) = replica.save(&ckpt_root, &state, &[], 2)?
-            {
-                observer.note(&format!("checkpoint {}", dir.display()));
-                last_checkpoint = Some(dir);
-            }
         }
-        if state.batch < steps_per_epoch {
+        if fit.state.batch < steps_per_epoch {
             break; // stopped by max_steps
         }
-        // End of epoch: evaluate, then checkpoint with the predictions beside it.
-        state.epoch += 1;
-        state.batch = 0;
-        let inference = replica.model().valid();
-        let mut extra = Vec::new();
-        for set in &data.eval {
-            let (report, predictions) = evaluate::<B::InnerBackend>(
-                &inference,
-                set,
-                &data.labels,
-                comm,
-                state.epoch,
-                state.global_step,
-                device,
-            )?;
-            observer.evaluated(&report);
-            state.history.push(serde_json::to_value(&report).expect("a report serialises"));
-            evaluations.push(report);
-            if let Some(text) = predictions {
-                extra.push((format!("{}.predictions.conll", set.name), text));
-            }
-        }
-        if let Some(dir) = replica.save(&ckpt_root, &state, &extra, 2)? {
-            observer.note(&format!("checkpoint {}", dir.display()));
-            last_checkpoint = Some(dir);
-        }
+        fit.end_epoch()?;
     }
-
-    let summary = totals.summary(world, state.global_step, evaluations, last_checkpoint);
+    let summary = fit.totals.summary(world, fit.state.global_step, fit.evaluations, fit.last_checkpoint);
     if rank == 0 {
         std::fs::create_dir_all(&opts.out)
             .map_err(|e| NerError::Output { path: opts.out.clone(), message: e.to_string() })?;
@@ -648,6 +569,159 @@ pub fn train_ner<B: AutodiffBackend>(
             .map_err(|e| NerError::Output { path, message: e.to_string() })?;
     }
     Ok(summary)
+}
+
+/// One rank's fine-tune as it goes: the replica, where the loop stands, and
+/// what it has measured.
+struct Fit<'a, 'c, B: AutodiffBackend> {
+    opts: &'a NerOptions,
+    data: &'a NerData,
+    replica: Replica<'c, B, BertForTokenClassification<B>>,
+    observer: &'a mut dyn Observer,
+    device: &'a B::Device,
+    /// The parameter the diagnostic compares, when it runs.
+    diagnosed: Option<usize>,
+    steps_per_epoch: usize,
+    total_steps: u64,
+    /// `OUT/checkpoints`.
+    root: PathBuf,
+    state: LoopState,
+    evaluations: Vec<EvalReport>,
+    totals: Totals,
+    last_checkpoint: Option<PathBuf>,
+}
+
+impl<B: AutodiffBackend> Fit<'_, '_, B> {
+    /// Loads `latest` into the replica on every rank and takes the loop's
+    /// position from it, which must come from a run of the same shape.
+    fn resume(&mut self) -> Result<(), NerError> {
+        let Some(dir) = checkpoint::latest(&self.root)? else {
+            self.observer.note(&format!("no checkpoint in {}: starting afresh", self.root.display()));
+            return Ok(());
+        };
+        let json = self.replica.load(&dir)?;
+        let s: LoopState =
+            serde_json::from_value(json).map_err(|e| checkpoint::CheckpointError::Corrupt {
+                path: dir.join("state.json"),
+                message: format!("not the state of a NER fine-tune ({e})"),
+            })?;
+        let fresh = &self.state;
+        for (what, theirs, ours) in [
+            ("world size", s.world_size as u64, fresh.world_size as u64),
+            ("batch size", s.batch_size as u64, fresh.batch_size as u64),
+            ("training sentences", s.train_sentences as u64, fresh.train_sentences as u64),
+            ("seed", s.seed, fresh.seed),
+            ("optimizer steps", s.global_step, self.replica.steps()),
+        ] {
+            if theirs != ours {
+                return Err(checkpoint::CheckpointError::Mismatch {
+                    path: dir.clone(),
+                    message: format!("it was written with {what} {theirs}, this run has {ours}"),
+                }
+                .into());
+            }
+        }
+        self.observer.note(&format!(
+            "resumed from {} at epoch {}, batch {}, step {}",
+            dir.display(),
+            s.epoch + 1,
+            s.batch,
+            s.global_step
+        ));
+        self.evaluations = s.history.iter().filter_map(|v| serde_json::from_value(v.clone()).ok()).collect();
+        self.state = s;
+        self.last_checkpoint = Some(dir);
+        Ok(())
+    }
+
+    /// One optimizer step on batch `b` of the epoch.
+    fn step(&mut self, b: usize, batch: &Batch) -> Result<(), NerError> {
+        let (opts, device) = (self.opts, self.device);
+        let comm = self.replica.comm();
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let t0 = Instant::now();
+        let step = self.state.global_step + 1;
+        // Dropout draws from this rank's stream for this step.
+        let dropout_seed = StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0];
+        let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count();
+        let mut counts = [local_labelled as f64, batch.real_tokens() as f64];
+        comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
+        let labelled_global = counts[0].max(1.0);
+        let scale = world as f64 / labelled_global;
+        let num_labels = self.data.labels.len();
+        self.replica.backward(batch, |model, micro| {
+            drove_bert::seed_dropout_rows(dropout_seed, micro.rows.start);
+            let part = micro.batch.rows(micro.rows.clone());
+            let (ids, types, mask) = batch_tensors::<B>(&part, device);
+            loss(model.forward(ids, types, mask), &part.labels, num_labels, scale, device)
+        })?;
+        if let Some(index) = self.diagnosed.filter(|_| step.is_multiple_of(opts.diagnose_every as u64)) {
+            let gradient = self.replica.local_gradient(index)?;
+            let report = diagnose(comm, batch, &gradient, step, &mut self.totals.agreement)?;
+            self.totals.cosines.push(report.grad_cosine);
+            self.observer.diagnosed(&report);
+        }
+        let outcome = self.replica.apply()?;
+        self.state.global_step = step;
+        self.state.batch = b + 1;
+
+        let dt = t0.elapsed().as_secs_f64();
+        self.totals.add(dt, (batch.batch_size * world) as u64, counts[1] as u64);
+        // The loss is scaled for the global batch; report this rank's mean.
+        self.observer.step(&StepReport {
+            step,
+            total_steps: self.total_steps,
+            epoch: self.state.epoch + 1,
+            loss: outcome.local_loss * labelled_global / world as f64 / local_labelled.max(1) as f64,
+            lr: outcome.lr.unwrap_or(0.0),
+            grad_norm: outcome.grad_norm.unwrap_or(0.0),
+            sentences_per_s: (batch.batch_size * world) as f64 / dt,
+            tokens_per_s: counts[1] / dt,
+        });
+        if opts.checkpoint_every > 0
+            && step.is_multiple_of(opts.checkpoint_every as u64)
+            && self.state.batch < self.steps_per_epoch
+        {
+            self.checkpoint(&[])?;
+        }
+        Ok(())
+    }
+
+    /// The end of an epoch: every evaluation set, then a checkpoint with the
+    /// predictions beside it.
+    fn end_epoch(&mut self) -> Result<(), NerError> {
+        self.state.epoch += 1;
+        self.state.batch = 0;
+        let inference = self.replica.model().valid();
+        let mut extra = Vec::new();
+        for set in &self.data.eval {
+            let (report, predictions) = evaluate::<B::InnerBackend>(
+                &inference,
+                set,
+                &self.data.labels,
+                self.replica.comm(),
+                self.state.epoch,
+                self.state.global_step,
+                self.device,
+            )?;
+            self.observer.evaluated(&report);
+            self.state.history.push(serde_json::to_value(&report).expect("a report serialises"));
+            self.evaluations.push(report);
+            if let Some(text) = predictions {
+                extra.push((format!("{}.predictions.conll", set.name), text));
+            }
+        }
+        self.checkpoint(&extra)
+    }
+
+    /// Every rank meets; rank 0 writes the checkpoint (keeping the newest two).
+    fn checkpoint(&mut self, extra: &[(String, Vec<u8>)]) -> Result<(), NerError> {
+        if let Some(dir) = self.replica.save(&self.root, &self.state, extra, 2)? {
+            self.observer.note(&format!("checkpoint {}", dir.display()));
+            self.last_checkpoint = Some(dir);
+        }
+        Ok(())
+    }
 }
 
 fn check_options(opts: &NerOptions) -> Result<(), NerError> {
@@ -743,36 +817,6 @@ fn diagnosed_parameter(
             &names[names.len().saturating_sub(6)..]
         ))
     })
-}
-
-/// Loads `dir` into the replica on every rank and returns the loop's position,
-/// which must come from a run of the same shape as `fresh`.
-fn resume<B: AutodiffBackend>(
-    replica: &mut Replica<'_, B, BertForTokenClassification<B>>,
-    dir: &Path,
-    fresh: &LoopState,
-) -> Result<LoopState, NerError> {
-    let json = replica.load(dir)?;
-    let s: LoopState = serde_json::from_value(json).map_err(|e| checkpoint::CheckpointError::Corrupt {
-        path: dir.join("state.json"),
-        message: format!("not the state of a NER fine-tune ({e})"),
-    })?;
-    for (what, theirs, ours) in [
-        ("world size", s.world_size as u64, fresh.world_size as u64),
-        ("batch size", s.batch_size as u64, fresh.batch_size as u64),
-        ("training sentences", s.train_sentences as u64, fresh.train_sentences as u64),
-        ("seed", s.seed, fresh.seed),
-        ("optimizer steps", s.global_step, replica.steps()),
-    ] {
-        if theirs != ours {
-            return Err(checkpoint::CheckpointError::Mismatch {
-                path: dir.to_path_buf(),
-                message: format!("it was written with {what} {theirs}, this run has {ours}"),
-            }
-            .into());
-        }
-    }
-    Ok(s)
 }
 
 /// Throughput and diagnostics over this process's steps.
