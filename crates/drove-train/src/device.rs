@@ -22,7 +22,7 @@ use drove_comm::fusion::{Compression, FusionOptions, all_reduce_fused, buckets};
 use drove_comm::{Collective, ReduceOptions};
 
 use crate::TrainError;
-use crate::flat::{AdamWSettings, FlatAdamW};
+use crate::flat::{AdamWSettings, AdamWStep, FlatAdamW};
 
 /// The all-reduce of one bucket of gradients: **the seam** where a device
 /// collective replaces host staging.
@@ -199,19 +199,8 @@ impl<B: Backend> DeviceAdamW<B> {
     {
         assert_eq!(grads.len(), self.m.len(), "one gradient per parameter");
         self.step += 1;
-        let s = self.settings;
-        let t = self.step as i32;
-        let c1 = 1.0 - s.beta1.powi(t);
-        let c2 = 1.0 - s.beta2.powi(t);
-        let mut mapper = Update::<AB> {
-            adam: self,
-            grads,
-            index: 0,
-            lr,
-            step_size: (lr / c1) as f32,
-            c2_sqrt: c2.sqrt() as f32,
-            _b: std::marker::PhantomData,
-        };
+        let k = AdamWStep::new(&self.settings, self.step, lr);
+        let mut mapper = Update::<AB> { adam: self, grads, index: 0, k, _b: std::marker::PhantomData };
         model.map(&mut mapper)
     }
 
@@ -245,9 +234,7 @@ struct Update<'a, AB: AutodiffBackend> {
     adam: &'a mut DeviceAdamW<AB::InnerBackend>,
     grads: &'a [Tensor<AB::InnerBackend, 1>],
     index: usize,
-    lr: f64,
-    step_size: f32,
-    c2_sqrt: f32,
+    k: AdamWStep,
     _b: std::marker::PhantomData<AB>,
 }
 
@@ -255,9 +242,8 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for Update<'_, AB> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
         let i = self.index;
         self.index += 1;
-        let s = self.adam.settings;
-        let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.epsilon as f32);
-        let keep = if self.adam.decay[i] { (1.0 - self.lr * s.weight_decay) as f32 } else { 1.0 };
+        let AdamWStep { b1, b2, eps, step_size, c2_sqrt, .. } = self.k;
+        let keep = self.k.keep(self.adam.decay[i]);
         let (id, tensor, mapper) = param.consume();
         let trainable = tensor.is_require_grad();
         let shape = tensor.shape();
@@ -267,8 +253,8 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for Update<'_, AB> {
         // The order of FlatAdamW::update, operation for operation.
         let m = self.adam.m[i].clone().mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
         let v = self.adam.v[i].clone().mul_scalar(b2) + g.clone().mul_scalar(1.0 - b2).mul(g);
-        let denominator = v.clone().sqrt().div_scalar(self.c2_sqrt).add_scalar(eps);
-        let p = p.mul_scalar(keep) - m.clone().mul_scalar(self.step_size).div(denominator);
+        let denominator = v.clone().sqrt().div_scalar(c2_sqrt).add_scalar(eps);
+        let p = p.mul_scalar(keep) - m.clone().mul_scalar(step_size).div(denominator);
         self.adam.m[i] = m;
         self.adam.v[i] = v;
         let value = Tensor::<AB, D>::from_inner(p.reshape(shape));

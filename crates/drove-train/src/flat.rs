@@ -207,6 +207,47 @@ impl Default for AdamWSettings {
     }
 }
 
+/// The scalars of one AdamW update, as `f32`: what [`FlatAdamW`] and
+/// [`DeviceAdamW`](crate::device::DeviceAdamW) both apply, so the two
+/// placements compute the same numbers.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    /// First-moment decay.
+    pub b1: f32,
+    /// Second-moment decay.
+    pub b2: f32,
+    /// Added to the denominator.
+    pub eps: f32,
+    /// The rate over the first moment's bias correction.
+    pub step_size: f32,
+    /// The square root of the second moment's bias correction.
+    pub c2_sqrt: f32,
+    /// What a decaying parameter is multiplied by first.
+    pub decayed: f32,
+}
+
+impl AdamWStep {
+    /// The scalars of update number `step` (1-based) at rate `lr`.
+    pub fn new(s: &AdamWSettings, step: u64, lr: f64) -> Self {
+        let t = step as i32;
+        let c1 = 1.0 - s.beta1.powi(t);
+        let c2 = 1.0 - s.beta2.powi(t);
+        AdamWStep {
+            b1: s.beta1 as f32,
+            b2: s.beta2 as f32,
+            eps: s.epsilon as f32,
+            step_size: (lr / c1) as f32,
+            c2_sqrt: c2.sqrt() as f32,
+            decayed: (1.0 - lr * s.weight_decay) as f32,
+        }
+    }
+
+    /// What a parameter is multiplied by before the step.
+    pub fn keep(&self, decays: bool) -> f32 {
+        if decays { self.decayed } else { 1.0 }
+    }
+}
+
 /// Whether a parameter takes weight decay: as transformers' `Trainer`, not the
 /// biases and not the LayerNorm weights.
 pub fn decays(name: &str) -> bool {
@@ -247,13 +288,8 @@ impl FlatAdamW {
     pub fn update(&mut self, params: &mut FlatParams, grads: &[Vec<f32>], lr: f64) {
         assert_eq!(grads.len(), params.values.len(), "one gradient per parameter");
         self.step += 1;
-        let s = self.settings;
-        let t = self.step as i32;
-        let c1 = 1.0 - s.beta1.powi(t);
-        let c2 = 1.0 - s.beta2.powi(t);
-        let step_size = (lr / c1) as f32;
-        let c2_sqrt = c2.sqrt() as f32;
-        let (b1, b2, eps) = (s.beta1 as f32, s.beta2 as f32, s.epsilon as f32);
+        let k = AdamWStep::new(&self.settings, self.step, lr);
+        let AdamWStep { b1, b2, eps, step_size, c2_sqrt, .. } = k;
         for (i, (p, g)) in params.values.iter().zip(grads).enumerate() {
             assert_eq!(p.len(), g.len(), "gradient {i} has the wrong length");
         }
@@ -266,7 +302,7 @@ impl FlatAdamW {
             .zip(self.m.par_iter_mut().zip(self.v.par_iter_mut()))
             .enumerate()
             .flat_map(|(i, ((p, g), (m, v)))| {
-                let keep = if decay[i] { (1.0 - lr * s.weight_decay) as f32 } else { 1.0 };
+                let keep = k.keep(decay[i]);
                 p.par_chunks_mut(PIECE)
                     .zip(g.par_chunks(PIECE))
                     .zip(m.par_chunks_mut(PIECE).zip(v.par_chunks_mut(PIECE)))

@@ -123,9 +123,19 @@ where
     C: Collective + ?Sized,
 {
     let mut params = flat::FlatParams::read(&model)?;
+    broadcast_flat(&mut params, comm, root)?;
+    // Written back as fresh tensors that keep each parameter trainable.
+    Ok(params.write(model, device))
+}
+
+/// Makes every rank's flat parameters equal to `root`'s, one broadcast each.
+pub(crate) fn broadcast_flat<C: Collective + ?Sized>(
+    params: &mut flat::FlatParams,
+    comm: &C,
+    root: usize,
+) -> Result<(), TrainError> {
     for (index, (values, shape)) in params.values.iter_mut().zip(&params.shapes).enumerate() {
         comm.broadcast(&format!("parameter.{index}"), shape, f32::tensor_mut(values), root)?;
     }
-    // Written back as fresh tensors that keep each parameter trainable.
-    Ok(params.write(model, device))
+    Ok(())
 }

@@ -448,8 +448,10 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         device: &B::Device,
     ) -> Result<Self, TrainError> {
         options.check(comm.world_size())?;
-        let model = crate::broadcast_parameters(model, comm, options.root, device)?;
-        let params = FlatParams::read(&model)?;
+        // One read: the broadcast buffers are the host placement's parameters.
+        let mut params = FlatParams::read(&model)?;
+        crate::broadcast_flat(&mut params, comm, options.root)?;
+        let model = params.write(model, device);
         let decay: Vec<bool> = params.names.iter().map(|n| options.decays(n)).collect();
         let micro = MicroBatches::new(
             MicroBatches::resolve(options.micro_batches, usize::MAX),
