@@ -13,6 +13,7 @@ use crate::error::CommError;
 use crate::mesh::{Clock, Mesh};
 use crate::rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
 use crate::shm::Shm;
+use crate::spec::OpSpec;
 
 /// How an all-reduce or reduce-scatter combines values.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -142,6 +143,46 @@ pub trait Collective: Send + Sync {
     ) -> Result<Gathered, CommError>;
     /// Waits until every rank reaches the barrier.
     fn barrier(&self, name: &str) -> Result<(), CommError>;
+
+    /// Checks that every rank is about to run the op `spec` describes, without
+    /// moving its data: the description exchange every op of this trait starts
+    /// with, for a backend whose data moves elsewhere (NCCL on a GPU). On a
+    /// mismatch every rank gets the same [`CommError::Mismatch`] (or
+    /// [`CommError::Invalid`] naming the ranks whose `problem` is set).
+    ///
+    /// The default gathers the encoded descriptions with [`Collective::all_gather`];
+    /// the CPU communicator sends them as its own ops do, in one exchange.
+    fn agree(&self, spec: &OpSpec) -> Result<(), CommError> {
+        let mut mine = spec.desc();
+        mine.seq = 0;
+        let encoded = mine.encode();
+        let mut words = vec![0i32; encoded.len().div_ceil(4) + 1];
+        words[0] = encoded.len() as i32;
+        bytemuck::cast_slice_mut::<i32, u8>(&mut words[1..])[..encoded.len()].copy_from_slice(&encoded);
+        let gathered = self.all_gather(
+            &format!("agree {}", spec.label()),
+            &[words.len()],
+            crate::Element::tensor_ref(&words[..]),
+        )?;
+        let all: Vec<i32> = <i32 as crate::Element>::from_buffer(gathered.data).ok_or_else(|| {
+            CommError::Invalid { op: spec.label(), message: "the gathered descriptions are not i32".into() }
+        })?;
+        let mut descs = Vec::with_capacity(gathered.first_dims.len());
+        let mut at = 0;
+        for (r, &n) in gathered.first_dims.iter().enumerate() {
+            let words = &all[at..at + n];
+            at += n;
+            let len = words.first().copied().unwrap_or(0).max(0) as usize;
+            let bytes: &[u8] = bytemuck::cast_slice(&words[1..]);
+            let d = bytes.get(4..len).and_then(OpDesc::decode).ok_or_else(|| CommError::PeerLost {
+                op: spec.label(),
+                ranks: vec![r],
+                detail: "sent an op description that does not decode (a different drove version?)".into(),
+            })?;
+            descs.push(d);
+        }
+        crate::desc::check(&descs)
+    }
 
     /// All-reduce of an owned buffer, returning at once; the default runs it now.
     fn all_reduce_async(
@@ -613,6 +654,11 @@ impl Collective for Communicator {
     fn barrier(&self, name: &str) -> Result<(), CommError> {
         let t = self.shared.ticket();
         self.shared.run(t, |e| e.begin(desc(OpKind::Barrier, name, DType::I32, &[])).map(|_| ()))
+    }
+
+    fn agree(&self, spec: &OpSpec) -> Result<(), CommError> {
+        let t = self.shared.ticket();
+        self.shared.run(t, |e| e.begin(spec.desc()).map(|_| ()))
     }
 
     fn all_reduce_async(

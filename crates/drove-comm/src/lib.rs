@@ -44,6 +44,7 @@ pub mod fusion;
 mod mesh;
 mod rendezvous;
 mod shm;
+mod spec;
 
 pub use comm::{
     Collective, CommOptions, Communicator, Gathered, Pending, ReduceOptions, SingleProcess, Transport,
@@ -53,4 +54,5 @@ pub use coordinator::{CoordinatorRendezvous, MetricsRecorder};
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use error::CommError;
 pub use half::{bf16, f16};
+pub use spec::{OpSpec, SpecKind};
 pub use rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
