@@ -35,6 +35,7 @@ mod check;
 mod control;
 mod diag;
 mod launch;
+mod gpu;
 mod seed;
 mod train;
 
@@ -84,6 +85,9 @@ enum Command {
     Metrics(control::MetricsArgs),
     /// List the runs a coordinator knows.
     Runs(control::RunsArgs),
+    /// Rewrite a safetensors file's float tensors as f16 or f32 (to carry
+    /// weights in half the bytes, and back).
+    Weights(gpu::WeightsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -111,6 +115,9 @@ enum BenchCommand {
     Coordinator(bench_coord::CoordinatorArgs),
     /// Training throughput (sentences/s, tokens/s) and peak memory at 1 rank.
     Train(train::TrainBenchArgs),
+    /// NCCL all-reduce bandwidth on one GPU beside a device-to-device copy
+    /// (built with feature `nccl`).
+    Nccl(gpu::NcclBenchArgs),
 }
 
 /// Logs to stderr, filtered by `RUST_LOG`, else by `default`.
@@ -133,6 +140,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench { what: BenchCommand::AllreduceWorker(args) } => done(bench_comm::worker(&args)),
         Command::Bench { what: BenchCommand::Coordinator(args) } => done(bench_coord::run(&args)),
         Command::Bench { what: BenchCommand::Train(args) } => done(train::bench(&args)),
+        Command::Bench { what: BenchCommand::Nccl(args) } => done(gpu::bench_nccl(&args)),
+        Command::Weights(args) => done(gpu::weights(&args)),
         Command::Seed(args) => done(seed::run(&args)),
         Command::Coordinator(flags) => done(control::serve(&flags)),
         Command::Run(args) => launch::run(&args),

@@ -17,13 +17,14 @@ use clap::Args;
 use drove_collate::MaskSeeding;
 use drove_comm::{Collective, Communicator, MetricsRecorder, SingleProcess};
 use drove_train::Placement;
+use drove_train::gpu::DeviceChoice;
 use drove_train::flat::AdamWSettings;
 use drove_train::ner::{DiagnoseReport, EvalReport, NerOptions, NerSummary, Observer, StepReport, train_ner};
 use drove_train::schedule::LrScaling;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::parse;
+use crate::{gpu, parse};
 
 type Backend = Autodiff<Flex>;
 
@@ -107,8 +108,14 @@ pub struct NerArgs {
     micro_batches: usize,
     /// Where parameters and optimizer state live: host (flat buffers, the CPU
     /// fast path) or backend (tensors on the backend's device, the GPU path).
-    #[arg(long, default_value = "host")]
-    placement: Placement,
+    /// Default: host on the CPU, backend on a GPU.
+    #[arg(long)]
+    placement: Option<Placement>,
+    /// The device: cpu, cuda (under `drove run`, the GPU of the rank's local
+    /// rank, unless CUDA_VISIBLE_DEVICES shows one) or cuda:N. The GPU needs a
+    /// drove built with `--features cuda,nccl`.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceChoice,
     /// Dropout for every layer, overriding config.json (0 for exact comparisons).
     #[arg(long, value_name = "P", value_parser = parse::probability)]
     dropout: Option<f64>,
@@ -158,13 +165,32 @@ impl NerArgs {
             eval_sets: self.eval.iter().filter(|s| !s.is_empty()).cloned().collect(),
             checkpoint_every: self.checkpoint_every,
             workers: self.workers,
-            micro_batches: self.micro_batches,
-            placement: self.placement,
+            micro_batches: micro_batches(self.micro_batches, self.device),
+            placement: placement(self.placement, self.device),
             bucket_window: self.bucket_window,
             dropout: self.dropout,
             resume: self.resume,
             max_steps: self.max_steps,
+            random_init: false,
         }
+    }
+}
+
+/// The placement asked for, else the device's own: flat host buffers on the
+/// CPU, tensors on the device on a GPU.
+fn placement(asked: Option<Placement>, device: DeviceChoice) -> Placement {
+    asked.unwrap_or(match device {
+        DeviceChoice::Cpu => Placement::Host,
+        DeviceChoice::Cuda(_) => Placement::Backend,
+    })
+}
+
+/// On a GPU "one micro-batch per thread" (0) means one: the GPU runs the
+/// whole batch; splitting it across CPU threads would only cut the kernels.
+fn micro_batches(asked: usize, device: DeviceChoice) -> usize {
+    match (asked, device) {
+        (0, DeviceChoice::Cuda(_)) => 1,
+        (n, _) => n,
     }
 }
 
@@ -322,6 +348,8 @@ fn under_launcher() -> bool {
 /// `drove train ner`.
 pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
     let opts = args.options();
+    // Before joining the other ranks: a missing GPU fails at once.
+    let gpu = gpu::open(args.device)?;
     let comm: Box<dyn Collective> = if under_launcher() {
         Box::new(Communicator::from_env().context("joining the other ranks")?)
     } else {
@@ -347,9 +375,11 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
         started: Instant::now(),
         fail_at: args.fail_at_step.map(|s| (s, args.rank_to_fail)),
     };
-    let device = Default::default();
-    let summary = train_ner::<Backend>(&opts, comm.as_ref(), &mut reporter, &device)
-        .map_err(|e| anyhow!("rank {rank}: {e}"))?;
+    let summary = match &gpu {
+        None => train_ner::<Backend>(&opts, comm.as_ref(), &mut reporter, &Default::default()),
+        Some(gpu) => gpu.train_ner(&opts, comm.as_ref(), &mut reporter),
+    }
+    .map_err(|e| anyhow!("rank {rank}: {e}"))?;
     if let Some(bar) = reporter.bar.take() {
         bar.finish_and_clear();
     }
@@ -388,9 +418,17 @@ pub struct TrainBenchArgs {
     /// the backend's own threads).
     #[arg(long, value_name = "N", default_value_t = 0)]
     micro_batches: usize,
-    /// Where parameters and optimizer state live: host or backend.
-    #[arg(long, default_value = "host")]
-    placement: Placement,
+    /// Where parameters and optimizer state live: host or backend (default:
+    /// host on the CPU, backend on a GPU).
+    #[arg(long)]
+    placement: Option<Placement>,
+    /// The device: cpu, cuda or cuda:N (see `drove train ner --device`).
+    #[arg(long, default_value = "cpu")]
+    device: DeviceChoice,
+    /// Start from random weights of the model's shape (config.json only; for
+    /// throughput where the weights are not at hand).
+    #[arg(long)]
+    random_init: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -418,6 +456,9 @@ fn peak_rss_bytes() -> Option<u64> {
 /// `drove bench train`.
 pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
     let out = tempfile::tempdir().context("creating a scratch folder")?;
+    let gpu = gpu::open(args.device)?;
+    let placement = placement(args.placement, args.device);
+    let micro = micro_batches(args.micro_batches, args.device);
     let opts = NerOptions {
         data: args.data.clone(),
         model: args.model.clone(),
@@ -426,15 +467,19 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         batch_size: args.batch_size,
         eval_sets: Vec::new(),
         bucket_window: args.bucket_window,
-        micro_batches: args.micro_batches,
-        placement: args.placement,
+        micro_batches: micro,
+        placement,
         max_steps: Some(args.warmup_steps + args.steps),
+        random_init: args.random_init,
         ..NerOptions::default()
     };
     let mut timer = Timer { steps: Vec::new() };
-    let device = Default::default();
     let started = Instant::now();
-    train_ner::<Backend>(&opts, &SingleProcess, &mut timer, &device).map_err(|e| anyhow!("{e}"))?;
+    match &gpu {
+        None => train_ner::<Backend>(&opts, &SingleProcess, &mut timer, &Default::default()),
+        Some(gpu) => gpu.train_ner(&opts, &SingleProcess, &mut timer),
+    }
+    .map_err(|e| anyhow!("{e}"))?;
     let wall = started.elapsed().as_secs_f64();
     let timed = &timer.steps[args.warmup_steps.min(timer.steps.len() as u64) as usize..];
     // Harmonic means: total work over total time.
@@ -446,8 +491,11 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         "model": args.model.display().to_string(),
         "batch_size": args.batch_size,
         "bucket_window": args.bucket_window,
-        "placement": args.placement.to_string(),
-        "micro_batches": drove_train::micro::MicroBatches::resolve(args.micro_batches, args.batch_size),
+        "placement": placement.to_string(),
+        "device": gpu.as_ref().map_or("cpu".into(), |g| g.name()),
+        "random_init": args.random_init,
+        "gpu_memory_used_bytes": gpu.as_ref().and_then(|g| g.memory_used_bytes()),
+        "micro_batches": drove_train::micro::MicroBatches::resolve(micro, args.batch_size),
         "threads": std::env::var("RAYON_NUM_THREADS").ok()
             .and_then(|t| t.parse::<usize>().ok())
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),

@@ -24,8 +24,11 @@
 #![deny(missing_docs)]
 
 pub mod checkpoint;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 pub mod flat;
+pub mod gpu;
 pub mod micro;
 pub mod ner;
 pub mod replica;
@@ -57,6 +60,9 @@ pub enum TrainError {
     /// A checkpoint could not be written or read.
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::CheckpointError),
+    /// The GPU, or a library it needs, is missing or failed.
+    #[error("{0}")]
+    Gpu(String),
     /// A tensor could not be read as f32.
     #[error("parameter {index} could not be read as f32: {message}")]
     Data {

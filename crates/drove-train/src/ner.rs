@@ -27,6 +27,7 @@ use drove_collate::{
 use drove_comm::{Buffer, Collective, Element, ReduceOptions};
 use drove_seed::StreamKey;
 
+use crate::device::BucketAllReduce;
 use crate::checkpoint::{self, LoopState};
 use crate::flat::{AdamWSettings, cosine};
 use crate::micro::MicroBatches;
@@ -99,6 +100,10 @@ pub struct NerOptions {
     /// Stop after this many optimiser steps in this process (for tests and
     /// benchmarks; the schedule still spans the whole run).
     pub max_steps: Option<u64>,
+    /// Start from random weights of `config.json`'s shape instead of
+    /// `model.safetensors` (throughput where the weights are not at hand).
+    #[serde(default)]
+    pub random_init: bool,
 }
 
 impl Default for NerOptions {
@@ -132,6 +137,7 @@ impl Default for NerOptions {
             dropout: None,
             resume: false,
             max_steps: None,
+            random_init: false,
         }
     }
 }
@@ -384,7 +390,9 @@ pub fn load_model<B: Backend>(
     let config_path = opts.model.join("config.json");
     require("model config", &config_path, FETCH_HINT)?;
     let weights = opts.model.join("model.safetensors");
-    require("model weights", &weights, FETCH_HINT)?;
+    if !opts.random_init {
+        require("model weights", &weights, FETCH_HINT)?;
+    }
     let mut config = BertConfig::from_file(&config_path)?;
     if let Some(p) = opts.dropout {
         config.hidden_dropout_prob = p;
@@ -392,6 +400,10 @@ pub fn load_model<B: Backend>(
     }
     B::seed(device, StreamKey::init(opts.seed).derive().words()[0]);
     let mut model = config.init_token_classification::<B>(labels, device);
+    if opts.random_init {
+        let report = drove_bert::LoadReport { missing: Vec::new(), unexpected: Vec::new(), loaded: 0 };
+        return Ok((model, report));
+    }
     let report = drove_bert::load_safetensors(&mut model, &weights, device).map_err(|e| match e {
         drove_bert::BertError::Shape { path, tensor, expected, found } => drove_bert::BertError::Config {
             path: config_path.clone(),
@@ -490,6 +502,19 @@ pub fn train_ner<B: AutodiffBackend>(
     observer: &mut dyn Observer,
     device: &B::Device,
 ) -> Result<NerSummary, NerError> {
+    train_ner_with::<B>(opts, comm, observer, device, None)
+}
+
+/// [`train_ner`] with the backend placement's gradient all-reduce replaced by
+/// `reducer` (NCCL on GPUs: [`crate::cuda::NcclBuckets`], feature `nccl`);
+/// `None` keeps host staging.
+pub fn train_ner_with<B: AutodiffBackend>(
+    opts: &NerOptions,
+    comm: &dyn Collective,
+    observer: &mut dyn Observer,
+    device: &B::Device,
+    reducer: Option<Box<dyn BucketAllReduce<B::InnerBackend>>>,
+) -> Result<NerSummary, NerError> {
     let (rank, world) = (comm.rank(), comm.world_size());
     check_options(opts)?;
     let data = NerData::load(opts)?;
@@ -511,7 +536,10 @@ pub fn train_ner<B: AutodiffBackend>(
     let loader = training_loader(opts, &data, rank, world)?;
     let steps_per_epoch = loader.plan(0).len();
     let total_steps = (steps_per_epoch * opts.epochs) as u64;
-    let replica = Replica::new(model, comm, replica_options(opts, total_steps), device)?;
+    let mut replica = Replica::new(model, comm, replica_options(opts, total_steps), device)?;
+    if let Some(reducer) = reducer {
+        replica = replica.with_bucket_all_reduce(reducer)?;
+    }
     let diagnosed = diagnosed_parameter(opts, replica.parameter_names(), layers, world, observer)?;
     let state = LoopState {
         epoch: 0,

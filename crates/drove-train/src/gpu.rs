@@ -1,0 +1,90 @@
+//! Which device a rank trains on: `cpu`, `cuda` (the GPU of this rank's local
+//! rank, Horovod's "pin each GPU") or `cuda:N`. The choice and its parsing are
+//! here for every build; the CUDA backend itself is [`crate::cuda`] (feature
+//! `cuda`).
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A `--device` value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceChoice {
+    /// The CPU backend (`flex`).
+    #[default]
+    Cpu,
+    /// A GPU through burn-cuda: `Some(n)` for `cuda:n`, `None` for `cuda`
+    /// (the GPU of the local rank; see [`gpu_ordinal`]).
+    Cuda(Option<usize>),
+}
+
+impl FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" | "gpu" => Ok(DeviceChoice::Cuda(None)),
+            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(n)) => Ok(DeviceChoice::Cuda(Some(n))),
+                _ => Err(format!("unknown device {other:?}: expected cpu, cuda or cuda:N (N a GPU number)")),
+            },
+        }
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceChoice::Cpu => f.write_str("cpu"),
+            DeviceChoice::Cuda(None) => f.write_str("cuda"),
+            DeviceChoice::Cuda(Some(n)) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// The GPU number a rank opens for `cuda[:N]`.
+///
+/// - `cuda:N`: GPU `N` of those this process sees.
+/// - `cuda`: when `CUDA_VISIBLE_DEVICES` shows this process exactly one GPU
+///   (a scheduler or the user pinned it), that one (`0`); otherwise the GPU of
+///   the local rank, so that the ranks `drove run` starts on one host take one
+///   GPU each.
+pub fn gpu_ordinal(choice: Option<usize>, local_rank: usize, visible_devices: Option<&str>) -> usize {
+    if let Some(n) = choice {
+        return n;
+    }
+    let shown = visible_devices.map(|v| v.split(',').filter(|d| !d.trim().is_empty()).count());
+    if shown == Some(1) { 0 } else { local_rank }
+}
+
+/// [`gpu_ordinal`] from this process's environment (`DROVE_LOCAL_RANK`, set
+/// by `drove run`, and `CUDA_VISIBLE_DEVICES`).
+pub fn gpu_ordinal_from_env(choice: Option<usize>) -> usize {
+    let local = std::env::var("DROVE_LOCAL_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    gpu_ordinal(choice, local, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_print_back() {
+        for s in ["cpu", "cuda", "cuda:0", "cuda:3"] {
+            assert_eq!(s.parse::<DeviceChoice>().unwrap().to_string(), s);
+        }
+        assert_eq!("gpu".parse::<DeviceChoice>(), Ok(DeviceChoice::Cuda(None)));
+        for bad in ["tpu", "cuda:", "cuda:x", "cuda:-1", ""] {
+            let e = bad.parse::<DeviceChoice>().unwrap_err();
+            assert!(e.contains("expected cpu, cuda or cuda:N"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn each_local_rank_takes_its_gpu_unless_one_is_pinned() {
+        assert_eq!(gpu_ordinal(None, 3, None), 3);
+        assert_eq!(gpu_ordinal(None, 3, Some("0,1,2,3")), 3);
+        assert_eq!(gpu_ordinal(None, 3, Some("5")), 0, "one visible GPU is GPU 0 of this process");
+        assert_eq!(gpu_ordinal(Some(1), 3, Some("5")), 1, "cuda:N is taken as said");
+        assert_eq!(gpu_ordinal(None, 2, Some("")), 2, "an empty list pins nothing");
+    }
+}
