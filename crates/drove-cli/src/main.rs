@@ -34,8 +34,8 @@ mod bench_coord;
 mod check;
 mod control;
 mod diag;
-mod launch;
 mod gpu;
+mod launch;
 mod seed;
 mod train;
 

@@ -163,8 +163,13 @@ impl<D: Device> DeviceComm<D> {
     ) -> Result<(), Error> {
         let mut spec = OpSpec::new(SpecKind::AllReduce, name, data.dtype, &[data.len]).reducing(opts);
         spec.problem = scale_problem(&opts);
-        let call =
-            Call::AllReduce { send: data.ptr, recv: data.ptr, count: data.len, dtype: data.dtype, op: opts.op };
+        let call = Call::AllReduce {
+            send: data.ptr,
+            recv: data.ptr,
+            count: data.len,
+            dtype: data.dtype,
+            op: opts.op,
+        };
         // SAFETY: the caller's promise about `data`.
         unsafe { self.run(mesh, spec, call) }
     }
@@ -264,7 +269,8 @@ impl<D: Device> DeviceComm<D> {
         }
         mesh.agree(&spec)?;
         // SAFETY: forwarded from the public op's contract.
-        let outcome = unsafe { inner.device.launch(&call) }.and_then(|()| wait(&mut inner.device, self.opts.timeout));
+        let outcome =
+            unsafe { inner.device.launch(&call) }.and_then(|()| wait(&mut inner.device, self.opts.timeout));
         let error = match outcome {
             Ok(true) => return Ok(()),
             Ok(false) => {
@@ -351,7 +357,9 @@ fn stalled(mesh: &dyn Collective, label: &str, after: Duration) -> CommError {
     let others = || (0..mesh.world_size()).filter(|&r| r != mesh.rank()).collect::<Vec<_>>();
     match gather_i32(mesh, &format!("{label}: device deadline"), 0) {
         Err(CommError::Timeout { ranks, .. }) => CommError::Timeout { op: label.into(), ranks, after },
-        Err(CommError::PeerLost { ranks, detail, .. }) => CommError::PeerLost { op: label.into(), ranks, detail },
+        Err(CommError::PeerLost { ranks, detail, .. }) => {
+            CommError::PeerLost { op: label.into(), ranks, detail }
+        }
         Err(_) | Ok(_) => CommError::Timeout { op: label.into(), ranks: others(), after },
     }
 }

@@ -139,13 +139,16 @@ impl Device for Loopback {
                 if slots.iter().any(Option::is_none) {
                     return Ok(false);
                 }
-                if let Some(r) = slots.iter().position(|s| s.as_ref().is_some_and(|(c, _)| !same_op(c, &call))) {
+                if let Some(r) =
+                    slots.iter().position(|s| s.as_ref().is_some_and(|(c, _)| !same_op(c, &call)))
+                {
                     return Err(DeviceError::call(
                         "loopback op",
                         format!("rank {r} launched a different op as op #{seq}: {:?}", slots[r]),
                     ));
                 }
-                let inputs: Vec<&[u8]> = slots.iter().map(|s| s.as_ref().map_or(&[][..], |(_, b)| b)).collect();
+                let inputs: Vec<&[u8]> =
+                    slots.iter().map(|s| s.as_ref().map_or(&[][..], |(_, b)| b)).collect();
                 // SAFETY: the caller's contract: the output is valid for its count.
                 unsafe { complete(&call, rank, &inputs) };
                 self.pending = Pending::Idle;

@@ -19,10 +19,11 @@ pub fn require_libraries() -> Result<(), DeviceError> {
     if !unsafe { cusys::is_culib_present() } {
         return Err(DeviceError::MissingLibrary {
             library: "libcuda.so",
-            hint: "the NVIDIA driver's library is not on this machine (no GPU driver installed): install the \
+            hint:
+                "the NVIDIA driver's library is not on this machine (no GPU driver installed): install the \
                    NVIDIA driver, or run the container with the GPU exposed (--gpus all, or a \
                    nvidia.com/gpu resource), or put the folder holding libcuda.so on LD_LIBRARY_PATH"
-                .into(),
+                    .into(),
         });
     }
     // SAFETY: as above.
@@ -112,7 +113,8 @@ impl Nccl {
         let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(driver("cuDevicePrimaryCtxRetain"))?;
         // SAFETY: `ctx` is a live context.
         unsafe { cu::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
-        let stream = cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(driver("cuStreamCreate"))?;
+        let stream =
+            cu::stream::create(cu::stream::StreamKind::NonBlocking).map_err(driver("cuStreamCreate"))?;
         // SAFETY: a fresh 4-byte allocation, zeroed before use.
         let scratch = unsafe {
             let p = cu::malloc_sync(4).map_err(driver("cuMemAlloc"))?;
@@ -260,9 +262,15 @@ impl Device for Nccl {
                 Call::AllGather { send, recv, count, dtype } => {
                     nccl::all_gather(p(send), p(recv), count, nccl_dtype(dtype), comm, stream)
                 }
-                Call::ReduceScatter { send, recv, count, dtype, op } => {
-                    nccl::reduce_scatter(p(send), p(recv), count, nccl_dtype(dtype), nccl_op(op), comm, stream)
-                }
+                Call::ReduceScatter { send, recv, count, dtype, op } => nccl::reduce_scatter(
+                    p(send),
+                    p(recv),
+                    count,
+                    nccl_dtype(dtype),
+                    nccl_op(op),
+                    comm,
+                    stream,
+                ),
                 Call::Barrier => nccl::all_reduce(
                     p(self.scratch),
                     p(self.scratch),
@@ -336,7 +344,9 @@ impl Drop for Nccl {
                 loop {
                     match self.async_state() {
                         Ok(true) => break true,
-                        Ok(false) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+                        Ok(false) if Instant::now() < deadline => {
+                            std::thread::sleep(Duration::from_millis(1))
+                        }
                         _ => break false,
                     }
                 }

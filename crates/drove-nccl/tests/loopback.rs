@@ -75,7 +75,9 @@ fn every_op_gives_the_result_of_its_definition() {
         unsafe { comm.all_gather(mesh, "g", slice(&mut send), slice(&mut gathered)).unwrap() };
         let mut big: Vec<f32> = (0..6).map(|i| i as f32 * (r + 1.0)).collect();
         let mut part = vec![0.0f32; 2];
-        unsafe { comm.reduce_scatter(mesh, "rs", slice(&mut big), slice(&mut part), ReduceOptions::sum()).unwrap() };
+        unsafe {
+            comm.reduce_scatter(mesh, "rs", slice(&mut big), slice(&mut part), ReduceOptions::sum()).unwrap()
+        };
         comm.barrier(mesh, "end").unwrap();
         (results, b, gathered, part)
     });
@@ -107,7 +109,10 @@ fn a_mismatch_fails_every_rank_with_one_named_error_and_the_next_op_works() {
     for (first, untouched, next) in &out {
         let (message, recoverable) = first.clone().unwrap_err();
         assert_eq!(message, messages[0], "every rank gets the same message");
-        assert_eq!(message, "all_reduce \"grad\": ranks disagree on shape: [4] on ranks [0, 2]; [5] on rank 1");
+        assert_eq!(
+            message,
+            "all_reduce \"grad\": ranks disagree on shape: [4] on ranks [0, 2]; [5] on rank 1"
+        );
         assert!(recoverable);
         assert!(*untouched, "no data moved");
         assert_eq!(next.as_ref().unwrap(), &vec![3.0, 3.0]);
@@ -136,7 +141,8 @@ fn a_rank_that_hangs_after_agreeing_is_named_and_the_others_abort_within_the_dea
         if rank == 2 {
             // The hung rank: it agrees to the op, then never launches it nor
             // answers the mesh (as a rank stopped inside a kernel would).
-            let spec = OpSpec::new(SpecKind::AllReduce, "grad", DType::F32, &[4]).reducing(ReduceOptions::sum());
+            let spec =
+                OpSpec::new(SpecKind::AllReduce, "grad", DType::F32, &[4]).reducing(ReduceOptions::sum());
             mesh.agree(&spec).unwrap();
             release_rx.lock().unwrap().recv().unwrap();
             return None;
@@ -242,7 +248,9 @@ impl Collective for Forward<'_> {
 fn the_default_agreement_of_any_collective_finds_the_same_mismatch() {
     let (_, out) = world(3, Duration::from_secs(20), |rank, mesh, _| {
         let forward = Forward(mesh);
-        let spec = |n: usize| OpSpec::new(SpecKind::AllReduce, "grad", DType::F32, &[n]).reducing(ReduceOptions::sum());
+        let spec = |n: usize| {
+            OpSpec::new(SpecKind::AllReduce, "grad", DType::F32, &[n]).reducing(ReduceOptions::sum())
+        };
         let mismatch = forward.agree(&spec(if rank == 2 { 8 } else { 4 })).map_err(|e| e.to_string());
         let fine = forward.agree(&spec(4)).map_err(|e| e.to_string());
         let cpu = mesh.agree(&spec(if rank == 2 { 8 } else { 4 })).map_err(|e| e.to_string());

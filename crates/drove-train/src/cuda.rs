@@ -54,7 +54,8 @@ pub fn open_gpu(ordinal: usize) -> Result<CudaDevice, TrainError> {
                  toolkit's headers and set CUDA_PATH to the folder holding include/cuda.h",
                 match found {
                     Some(root) => format!("no {}", root.join("include").join("cuda.h").display()),
-                    None => "CUDA_PATH is unset and there is no /usr/local/cuda, /opt/cuda or /usr/bin/nvcc".into(),
+                    None => "CUDA_PATH is unset and there is no /usr/local/cuda, /opt/cuda or /usr/bin/nvcc"
+                        .into(),
                 }
             )));
         }

@@ -27,8 +27,8 @@ use drove_collate::{
 use drove_comm::{Buffer, Collective, Element, ReduceOptions};
 use drove_seed::StreamKey;
 
-use crate::device::BucketAllReduce;
 use crate::checkpoint::{self, LoopState};
+use crate::device::BucketAllReduce;
 use crate::flat::{AdamWSettings, cosine};
 use crate::micro::MicroBatches;
 use crate::replica::{LossReduction, Placement, Replica, ReplicaOptions, Schedule};
