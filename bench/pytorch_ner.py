@@ -8,8 +8,11 @@ batch 32, max length 128, first-subword labels, dynamic padding, no augmentation
 
     python bench/pytorch_ner.py --steps 20            # throughput, one JSON line
     python bench/pytorch_ner.py --epochs 3            # full fine-tune, test F1 per epoch
+    python bench/pytorch_ner.py --device cuda --steps 200 --bucket-window 16   # on a GPU
 
-Needs torch, transformers and (for F1) seqeval: `pip install -r bench/requirements.txt`.
+Needs torch and transformers (`pip install -r bench/requirements.txt`); entity F1
+is seqeval's when it is installed, else the same measure (exact-match entity
+spans, micro-averaged, IOB2) computed here.
 """
 
 import argparse
@@ -72,16 +75,40 @@ def collate(batch, pad_id):
     return ids, mask, labels
 
 
-def evaluate(model, data, sentences, pad_id):
-    from seqeval.metrics import f1_score
+def entities(tags):
+    """The (type, start, end) spans of IOB2 tags, as seqeval reads them."""
+    spans, start, kind = set(), None, None
+    for i, tag in enumerate(list(tags) + ["O"]):
+        if start is not None and (tag == "O" or tag.startswith("B-") or tag[2:] != kind):
+            spans.add((kind, start, i))
+            start, kind = None, None
+        if tag.startswith("B-") or (tag.startswith("I-") and start is None):
+            start, kind = i, tag[2:]
+    return spans
 
+
+def entity_f1(gold, pred):
+    try:
+        from seqeval.metrics import f1_score
+        return f1_score(gold, pred)
+    except ImportError:
+        tp = n_gold = n_pred = 0
+        for g, p in zip(gold, pred):
+            g, p = entities(g), entities(p)
+            tp, n_gold, n_pred = tp + len(g & p), n_gold + len(g), n_pred + len(p)
+        precision = tp / n_pred if n_pred else 0.0
+        recall = tp / n_gold if n_gold else 0.0
+        return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+
+
+def evaluate(model, data, sentences, pad_id, device="cpu"):
     model.eval()
     gold, pred = [], []
     with torch.no_grad():
         for start in range(0, len(data), 64):
             chunk = data[start : start + 64]
             ids, mask, _ = collate(chunk, pad_id)
-            logits = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.argmax(-1).cpu()
             for r, (_, labels, word_ids) in enumerate(chunk):
                 words, tags = sentences[start + r]
                 p = ["O"] * len(words)
@@ -91,7 +118,7 @@ def evaluate(model, data, sentences, pad_id):
                 gold.append(tags)
                 pred.append(p)
     model.train()
-    return f1_score(gold, pred)
+    return entity_f1(gold, pred)
 
 
 def main():
@@ -105,7 +132,16 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--bucket-window", type=int, default=0,
                     help="sort windows of N batches by length, then shuffle the batches (drove's bucketing; 0: off)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--random-init", action="store_true",
+                    help="random weights of config.json's shape (where the weights did not travel)")
     args = ap.parse_args()
+    device = torch.device(args.device)
+    on_gpu = device.type == "cuda"
+
+    def sync():
+        if on_gpu:
+            torch.cuda.synchronize()
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -113,7 +149,13 @@ def main():
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     train = read_conll(os.path.join(args.data, "train.txt"))
     data = encode(tokenizer, train, 128)
-    model = AutoModelForTokenClassification.from_pretrained(args.model, num_labels=len(LABELS))
+    if args.random_init:
+        from transformers import AutoConfig
+        config = AutoConfig.from_pretrained(args.model, num_labels=len(LABELS))
+        model = AutoModelForTokenClassification.from_config(config)
+    else:
+        model = AutoModelForTokenClassification.from_pretrained(args.model, num_labels=len(LABELS))
+    model.to(device)
     no_decay = ["bias", "LayerNorm.weight"]
     groups = [
         {"params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)], "weight_decay": 0.01},
@@ -143,13 +185,16 @@ def main():
         for b in range(steps_per_epoch):
             batch = [data[i] for i in cuts[b]]
             ids, mask, labels = collate(batch, pad)
+            sync()
             t0 = time.perf_counter()
+            ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optim.step()
             schedule.step()
             optim.zero_grad()
+            sync()
             dt = time.perf_counter() - t0
             step += 1
             if step > 2:
@@ -159,14 +204,17 @@ def main():
             if args.steps and step >= args.steps + 2:
                 print(json.dumps({
                     "benchmark": "train", "implementation": "pytorch", "torch": torch.__version__,
+                    "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
                     "threads": args.threads, "batch_size": args.batch_size, "steps_timed": step - 2,
-                    "bucket_window": args.bucket_window,
+                    "bucket_window": args.bucket_window, "random_init": args.random_init,
                     "sentences_per_s": sentences / timed, "tokens_per_s": tokens / timed,
+                    "gpu_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
+                    "gpu_max_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if on_gpu else None,
                 }))
                 return
         if not args.steps:
             test = read_conll(os.path.join(args.data, "test.txt"))
-            f1 = evaluate(model, encode(tokenizer, test, 128), test, pad)
+            f1 = evaluate(model, encode(tokenizer, test, 128), test, pad, device)
             history.append({"epoch": epoch + 1, "test_f1": f1})
             print(json.dumps(history[-1]), flush=True)
     print(json.dumps({"implementation": "pytorch", "history": history,

@@ -272,7 +272,8 @@ pub struct WeightsArgs {
     to: String,
 }
 
-/// `drove weights`: rewrites a safetensors file's float tensors as f16 or f32.
+/// `drove weights`: rewrites a safetensors file's f32 and f16 tensors as `--to`;
+/// other tensors (integer ids, for one) are copied as they are.
 pub fn weights(args: &WeightsArgs) -> anyhow::Result<()> {
     use safetensors::{Dtype, SafeTensors, tensor::TensorView};
     let bytes = std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
@@ -290,13 +291,8 @@ pub fn weights(args: &WeightsArgs) -> anyhow::Result<()> {
                 .chunks_exact(2)
                 .flat_map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes())
                 .collect(),
-            (from, _) if from == to => data.to_vec(),
-            (from, _) => {
-                anyhow::bail!(
-                    "{}: tensor {name:?} is {from:?}; only f32 and f16 convert",
-                    args.input.display()
-                )
-            }
+            // Already the type asked for, or not a float (ids, masks): as it is.
+            _ => data.to_vec(),
         };
         let dtype = if matches!(view.dtype(), Dtype::F32 | Dtype::F16) { to } else { view.dtype() };
         out.push((name, dtype, view.shape().to_vec(), converted));

@@ -133,3 +133,39 @@ fn the_nccl_backend_names_libcuda_then_libnccl_and_the_soname_link() {
     let out = drove(BENCH_NCCL, Some(libs.path()), None);
     assert_clear_error(&out, &["libnccl.so.2 is loadable but cudarc opens libnccl.so", "ln -s"]);
 }
+
+/// `drove weights` (the GPU check carries MiniLM as f16): f32 -> f16 -> f32
+/// keeps each value to f16's precision, and integer tensors bit for bit.
+#[test]
+fn weights_travel_as_f16_and_come_back_as_f32() {
+    use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+    let dir = tempfile::tempdir().unwrap();
+    let values: Vec<f32> = (0..1000).map(|i| ((i as f32) * 0.37).sin() * 3.0).collect();
+    let ids: Vec<i64> = (0..7).map(|i| i * 1_000_000_007).collect();
+    let vb: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let ib: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let tensors = vec![
+        ("w".to_string(), TensorView::new(Dtype::F32, vec![10, 100], &vb).unwrap()),
+        ("ids".to_string(), TensorView::new(Dtype::I64, vec![7], &ib).unwrap()),
+    ];
+    let (f32_in, f16, f32_out) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+    safetensors::serialize_to_file(tensors, None, &f32_in).unwrap();
+    for (from, to, dtype) in [(&f32_in, &f16, "f16"), (&f16, &f32_out, "f32")] {
+        let out = run(Command::new(DROVE).arg("weights").arg(from).arg(to).args(["--to", dtype]));
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let half = std::fs::read(&f16).unwrap();
+    let half = SafeTensors::deserialize(&half).unwrap();
+    assert_eq!(half.tensor("w").unwrap().dtype(), Dtype::F16);
+    assert!(std::fs::metadata(&f16).unwrap().len() < std::fs::metadata(&f32_in).unwrap().len() * 6 / 10);
+    let back = std::fs::read(&f32_out).unwrap();
+    let back = SafeTensors::deserialize(&back).unwrap();
+    let w = back.tensor("w").unwrap();
+    assert_eq!((w.dtype(), w.shape()), (Dtype::F32, &[10, 100][..]));
+    for (a, b) in values.iter().zip(w.data().chunks_exact(4)) {
+        let b = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        assert!((a - b).abs() <= a.abs() / 1024.0 + 1e-7, "{a} came back as {b}");
+    }
+    let i = back.tensor("ids").unwrap();
+    assert_eq!((i.dtype(), i.data()), (Dtype::I64, &ib[..]));
+}
