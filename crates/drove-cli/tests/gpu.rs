@@ -15,6 +15,7 @@ use std::process::{Command, Output};
 
 use common::{DROVE, run, text};
 
+#[cfg(feature = "cuda")]
 /// Whether this machine has the NVIDIA driver's library (then the "missing"
 /// errors cannot be provoked and the GPU tests do not apply).
 fn has_libcuda() -> bool {
@@ -57,6 +58,7 @@ fn assert_clear_error(out: &Output, wanted: &[&str]) {
     }
 }
 
+#[cfg(feature = "cuda")]
 /// An empty shared library named `name` in `dir`: it loads, and has no symbols.
 fn stand_in(dir: &Path, name: &str) {
     let out = Command::new("cc")
