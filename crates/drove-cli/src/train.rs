@@ -437,12 +437,28 @@ pub struct TrainBenchArgs {
 /// Records each step's timing.
 struct Timer {
     steps: Vec<(f64, f64)>, // (sentences/s, tokens/s)
+    phases: Vec<drove_train::PhaseTimes>,
 }
 
 impl Observer for Timer {
     fn step(&mut self, r: &StepReport) {
         self.steps.push((r.sentences_per_s, r.tokens_per_s));
+        self.phases.push(r.phases);
     }
+}
+
+/// Mean seconds per step of each phase over `phases`.
+fn phase_means(phases: &[drove_train::PhaseTimes]) -> serde_json::Value {
+    let n = phases.len().max(1) as f64;
+    let mean = |f: fn(&drove_train::PhaseTimes) -> std::time::Duration| {
+        phases.iter().map(|p| f(p).as_secs_f64()).sum::<f64>() / n
+    };
+    json!({
+        "compute": mean(|p| p.compute),
+        "all_reduce": mean(|p| p.all_reduce),
+        "clip": mean(|p| p.clip),
+        "update": mean(|p| p.update),
+    })
 }
 
 /// Peak resident memory of this process, from /proc.
@@ -473,7 +489,7 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         random_init: args.random_init,
         ..NerOptions::default()
     };
-    let mut timer = Timer { steps: Vec::new() };
+    let mut timer = Timer { steps: Vec::new(), phases: Vec::new() };
     let started = Instant::now();
     match &gpu {
         None => train_ner::<Backend>(&opts, &SingleProcess, &mut timer, &Default::default()),
@@ -481,7 +497,8 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
     }
     .map_err(|e| anyhow!("{e}"))?;
     let wall = started.elapsed().as_secs_f64();
-    let timed = &timer.steps[args.warmup_steps.min(timer.steps.len() as u64) as usize..];
+    let skip = args.warmup_steps.min(timer.steps.len() as u64) as usize;
+    let timed = &timer.steps[skip..];
     // Harmonic means: total work over total time.
     let mean = |f: fn(&(f64, f64)) -> f64| timed.len() as f64 / timed.iter().map(|s| 1.0 / f(s)).sum::<f64>();
     let mut sorted: Vec<f64> = timed.iter().map(|s| s.0).collect();
@@ -504,6 +521,9 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         "tokens_per_s": mean(|s| s.1),
         "median_sentences_per_s": sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
         "peak_rss_bytes": peak_rss_bytes(),
+        // Host syncs per step on the backend placement: one per micro-batch
+        // (its loss) and one for the norm (in "clip").
+        "phase_mean_seconds": phase_means(&timer.phases[skip.min(timer.phases.len())..]),
         "wall_seconds_including_load": wall,
     });
     if args.json {

@@ -216,6 +216,10 @@ pub struct StepReport {
     pub sentences_per_s: f64,
     /// Real tokens per second across all ranks, over this step.
     pub tokens_per_s: f64,
+    /// Time in each phase of the replica's step. On a GPU a phase ends at its
+    /// host sync (compute: each micro-batch's loss value; clip: the norm), so
+    /// the update's queued kernels are counted in the next step's compute.
+    pub phases: crate::PhaseTimes,
 }
 
 /// One evaluation.
@@ -705,6 +709,7 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             grad_norm: outcome.grad_norm.unwrap_or(0.0),
             sentences_per_s: (batch.batch_size * world) as f64 / dt,
             tokens_per_s: counts[1] / dt,
+            phases: outcome.times,
         });
         if opts.checkpoint_every > 0
             && step.is_multiple_of(opts.checkpoint_every as u64)
