@@ -126,7 +126,8 @@ def main():
     ap.add_argument("--data", default="assets/conll2003")
     ap.add_argument("--model", default="assets/minilm")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=0, help="time this many steps after 2 warm-up steps, then stop")
+    ap.add_argument("--steps", type=int, default=0, help="time this many steps after the warm-up steps, then stop")
+    ap.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first (with --steps)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seed", type=int, default=42)
@@ -197,15 +198,15 @@ def main():
             sync()
             dt = time.perf_counter() - t0
             step += 1
-            if step > 2:
+            if step > args.warmup_steps:
                 timed += dt
                 sentences += len(batch)
                 tokens += int(mask.sum())
-            if args.steps and step >= args.steps + 2:
+            if args.steps and step >= args.steps + args.warmup_steps:
                 print(json.dumps({
                     "benchmark": "train", "implementation": "pytorch", "torch": torch.__version__,
                     "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-                    "threads": args.threads, "batch_size": args.batch_size, "steps_timed": step - 2,
+                    "threads": args.threads, "batch_size": args.batch_size, "steps_timed": step - args.warmup_steps,
                     "bucket_window": args.bucket_window, "random_init": args.random_init,
                     "sentences_per_s": sentences / timed, "tokens_per_s": tokens / timed,
                     "gpu_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
