@@ -14,6 +14,9 @@ fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
 bash scripts/fetch-assets.sh
+# The Python tools the tests drive (a reflection-v1alpha gRPC client), from PyPI.
+DROVE_TOOLS_PYTHON="$(bash scripts/python-tools.sh)"
+export DROVE_TOOLS_PYTHON
 echo "test: cargo fmt --check"
 cargo fmt --all -- --check
 echo "test: cargo clippy"

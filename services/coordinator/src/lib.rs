@@ -229,11 +229,16 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
     let (closing, closing_rx) = tokio::sync::watch::channel(false);
     let metrics = MetricsServer::new(MetricsService::new(store.clone(), closing_rx))
         .max_decoding_message_size(64 << 20);
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(drove_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| StartError::Reflection(e.to_string()))?;
+    // Reflection in both versions: `v1`, and `v1alpha` for the clients that
+    // speak only it (grpcurl 1.8 and older, grpcio-reflection's Python client).
+    let descriptors = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(drove_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = descriptors().build_v1().map_err(|e| StartError::Reflection(e.to_string()))?;
+    let reflection_v1alpha =
+        descriptors().build_v1alpha().map_err(|e| StartError::Reflection(e.to_string()))?;
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<RendezvousServer<RendezvousService>>().await;
     health_reporter.set_serving::<WeightsServer<WeightsService>>().await;
@@ -259,6 +264,7 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
     let router = builder
         .add_service(health)
         .add_service(InterceptedService::new(reflection, auth.clone()))
+        .add_service(InterceptedService::new(reflection_v1alpha, auth.clone()))
         .add_service(InterceptedService::new(rendezvous, auth.clone()))
         .add_service(InterceptedService::new(weights, auth.clone()))
         .add_service(InterceptedService::new(metrics, auth));
