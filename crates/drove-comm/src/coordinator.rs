@@ -89,21 +89,15 @@ impl CoordinatorRendezvous {
     }
 
     /// From `DROVE_COORDINATOR`, `DROVE_RUN_ID`, `DROVE_WORLD_SIZE`, and the
-    /// optional `DROVE_RANK`, `DROVE_TOKEN` and `DROVE_BIND` (the data-plane
+    /// optional `DROVE_RANK` (or a Kubernetes Indexed Job's
+    /// `JOB_COMPLETION_INDEX`; see [`launch_vars`](crate::launch_vars)),
+    /// `DROVE_TOKEN` and `DROVE_BIND` (the data-plane
     /// listen address; by default the address that routes to the coordinator).
     pub fn from_env() -> Result<Self, CommError> {
         let var = |name: &str| std::env::var(name).map_err(|_| rendezvous_err(format!("{name} is not set")));
         let addr = var("DROVE_COORDINATOR")?;
         let run_id = var("DROVE_RUN_ID")?;
-        let world: usize = var("DROVE_WORLD_SIZE")?
-            .parse()
-            .map_err(|_| rendezvous_err("DROVE_WORLD_SIZE is not a whole number"))?;
-        let rank = match std::env::var("DROVE_RANK") {
-            Ok(r) => Some(
-                r.parse().map_err(|_| rendezvous_err(format!("DROVE_RANK={r:?} is not a whole number")))?,
-            ),
-            Err(_) => None,
-        };
+        let (world, rank) = crate::rendezvous::launch_env()?;
         let token = std::env::var("DROVE_TOKEN").ok();
         let mut rv = Self::new(&addr, &run_id, world, rank, token.as_deref())?;
         if let Ok(bind) = std::env::var("DROVE_BIND") {

@@ -54,5 +54,5 @@ pub use coordinator::{CoordinatorRendezvous, MetricsRecorder};
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use error::CommError;
 pub use half::{bf16, f16};
-pub use rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
+pub use rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous, launch_env, launch_vars};
 pub use spec::{OpSpec, SpecKind};
