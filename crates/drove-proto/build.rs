@@ -1,10 +1,11 @@
-//! Generates the drove.v1 client and server code from `proto/`, with protoc from
+//! Generates the drove.v1 client and server code from this crate's `proto/`
+//! (the repository's `proto` links here, so the packaged crate carries them), with protoc from
 //! the `protoc-bin-vendored` crate (no system package needed), and a file
 //! descriptor set for gRPC reflection.
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("proto");
     let root = root.canonicalize().map_err(|e| format!("{}: {e}", root.display()))?;
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     // SAFETY: build scripts are single-threaded; prost-build reads PROTOC.

@@ -59,7 +59,7 @@ pub struct RunArgs {
     /// in-process coordinator [default: $DROVE_TOKEN].
     #[arg(long, value_name = "TOKEN")]
     token: Option<String>,
-    /// Run id [default: run-<unix ms>-<pid>].
+    /// Run id [default: run-MILLIS-PID, the clock in ms and the process id].
     #[arg(long, value_name = "ID", value_parser = run_id)]
     run_id: Option<String>,
     /// Seconds between SIGTERM and SIGKILL when stopping the ranks.

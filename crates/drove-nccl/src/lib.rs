@@ -16,7 +16,7 @@
 //! - **Joining through the mesh**: rank 0 creates the NCCL unique id and
 //!   broadcasts it over the CPU mesh.
 //!
-//! That logic is generic over a [`Device`]: [`Nccl`] on a GPU, or
+//! That logic is generic over a [`Device`]: `Nccl` (feature `nccl`) on a GPU, or
 //! [`Loopback`], an in-process stand-in on host memory, which is how it is
 //! tested on machines without one.
 //!

@@ -8,7 +8,7 @@
 //! buffer, all-reduces it through the [`Collective`] and copies it back; a
 //! device collective (NCCL) implements the same trait on the bucket's device
 //! memory and nothing else changes. Clipping and [`DeviceAdamW`] run in burn
-//! ops: the maths of [`FlatAdamW`](crate::flat::FlatAdamW), operation for
+//! ops: the maths of [`FlatAdamW`], operation for
 //! operation, so both placements take the same step.
 //!
 //! Host syncs left on this path: one scalar read per micro-batch for the loss

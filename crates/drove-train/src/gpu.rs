@@ -1,6 +1,6 @@
 //! Which device a rank trains on: `cpu`, `cuda` (the GPU of this rank's local
 //! rank, Horovod's "pin each GPU") or `cuda:N`. The choice and its parsing are
-//! here for every build; the CUDA backend itself is [`crate::cuda`] (feature
+//! here for every build; the CUDA backend itself is `drove_train::cuda` (feature
 //! `cuda`).
 
 use std::fmt;

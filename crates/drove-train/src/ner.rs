@@ -510,7 +510,7 @@ pub fn train_ner<B: AutodiffBackend>(
 }
 
 /// [`train_ner`] with the backend placement's gradient all-reduce replaced by
-/// `reducer` (NCCL on GPUs: [`crate::cuda::NcclBuckets`], feature `nccl`);
+/// `reducer` (NCCL on GPUs: `drove_train::cuda::NcclBuckets`, feature `nccl`);
 /// `None` keeps host staging.
 pub fn train_ner_with<B: AutodiffBackend>(
     opts: &NerOptions,

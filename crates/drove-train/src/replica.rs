@@ -35,7 +35,7 @@
 //! gradients and optimizer state live is the [`Placement`]:
 //! [`Placement::Host`] keeps them as flat `f32` buffers (the CPU fast path),
 //! [`Placement::Backend`] as tensors on the backend's device (the GPU path,
-//! whose one host crossing is [`BucketAllReduce`](crate::device::BucketAllReduce)).
+//! whose one host crossing is [`BucketAllReduce`]).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
