@@ -19,6 +19,8 @@ bash scripts/fetch-assets.sh
 # The Python tools the tests drive (a reflection-v1alpha gRPC client), from PyPI.
 DROVE_TOOLS_PYTHON="$(bash scripts/python-tools.sh)"
 export DROVE_TOOLS_PYTHON
+echo "test: kubernetes-validate --strict deploy/k8s/*.yaml"
+"$(dirname "$DROVE_TOOLS_PYTHON")/kubernetes-validate" --strict --quiet deploy/k8s/*.yaml
 echo "test: cargo fmt --check"
 cargo fmt --all -- --check
 echo "test: cargo clippy"
