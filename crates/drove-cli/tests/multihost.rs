@@ -1,0 +1,256 @@
+//! Beyond one host: a coordinator and 3 ranks, each in its own network
+//! namespace with its own address on a bridge of veth pairs, made by the test
+//! with names unique to the run and removed even when it fails (Linux, root;
+//! skipped with a printed reason elsewhere).
+//!
+//! The namespaces share one kernel, so drove's same-host check by boot id would
+//! rightly pick shared memory; the ranks are told `DROVE_COMM_TRANSPORT=tcp`, and
+//! the test asserts that the TCP ring ran.
+//!
+//! Not here yet (issue 12): a namespace's link set down mid-run. Tried: the
+//! rank whose ring neighbour waits for the lost rank names that neighbour, and
+//! the cut-off rank's metric flush to the unreachable coordinator has no
+//! deadline (issue 13).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{OnceLock, mpsc};
+use std::time::Duration;
+
+use common::{DROVE, read_latest, relative_difference, run, text, under_run};
+
+/// Runs `ip ARGS`, failing with its stderr.
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip {args:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// A bridge and `n` namespaces, namespace `i` at `10.X.Y.(10 + i)`. Everything
+/// is removed on drop (deleting a namespace deletes its veth pair).
+struct Net {
+    tag: String,
+    subnet: String,
+    spaces: usize,
+}
+
+impl Net {
+    fn new(spaces: usize) -> Result<Net, String> {
+        // Interface names have at most 15 characters: "dv" + 5 digits + role + index.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let id = std::process::id() % 100_000;
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
+        let tag = format!("dv{id:05}{k}");
+        let subnet = format!("10.{}.{}", 100 + id % 100, (id / 100) % 250);
+        let net = Net { tag, subnet, spaces: 0 };
+        net.build(spaces)
+    }
+
+    fn build(mut self, spaces: usize) -> Result<Net, String> {
+        let bridge = format!("{}b", self.tag);
+        ip(&["link", "add", &bridge, "type", "bridge"])?;
+        ip(&["link", "set", &bridge, "up"])?;
+        for i in 0..spaces {
+            let (ns, host, inner) = (self.ns(i), format!("{}h{i}", self.tag), format!("{}c{i}", self.tag));
+            ip(&["netns", "add", &ns])?;
+            self.spaces = i + 1;
+            ip(&["link", "add", &host, "type", "veth", "peer", "name", &inner])?;
+            ip(&["link", "set", &inner, "netns", &ns])?;
+            ip(&["link", "set", &host, "master", &bridge, "up"])?;
+            ip(&["-n", &ns, "addr", "add", &format!("{}/24", self.addr(i)), "dev", &inner])?;
+            ip(&["-n", &ns, "link", "set", &inner, "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(self)
+    }
+
+    fn ns(&self, i: usize) -> String {
+        format!("{}n{i}", self.tag)
+    }
+
+    fn addr(&self, i: usize) -> String {
+        format!("{}.{}", self.subnet, 10 + i)
+    }
+
+    /// `program args` inside namespace `i`.
+    fn exec(&self, i: usize, program: &Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns(i)]).arg(program);
+        cmd
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for i in 0..self.spaces {
+            // Deleting the host end removes the pair at once; a namespace
+            // itself outlives its name while a process is still in it.
+            let _ = ip(&["link", "delete", &format!("{}h{i}", self.tag)]);
+            let _ = ip(&["netns", "delete", &self.ns(i)]);
+        }
+        let _ = ip(&["link", "delete", &format!("{}b", self.tag)]);
+    }
+}
+
+/// Why the test cannot run here, if it cannot.
+fn unsupported() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (network namespaces)".into());
+    }
+    let probe = format!("dvprobe{}", std::process::id() % 100_000);
+    match ip(&["netns", "add", &probe]) {
+        Ok(()) => {
+            let _ = ip(&["netns", "delete", &probe]);
+            None
+        }
+        Err(e) => Some(format!("network namespaces are not available: {e}")),
+    }
+}
+
+/// One test at a time builds namespaces (their names are per process).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: OnceLock<std::sync::Mutex<()>> = OnceLock::new();
+    LOCK.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Processes killed when the test ends, however it ends (`ip netns exec`
+/// execs its program, so the pid is the program's).
+struct Reaper(Vec<u32>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kill(2) on a process this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+/// A coordinator in namespace 0, returned once it says it is listening.
+fn coordinator(net: &Net, store: &Path, reaper: &mut Reaper) -> String {
+    let addr = format!("{}:50051", net.addr(0));
+    let mut child = net
+        .exec(0, Path::new(DROVE))
+        .args(["coordinator", "--listen", &addr, "--store"])
+        .arg(store)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting the coordinator");
+    let stdout = child.stdout.take().expect("piped");
+    reaper.0.push(child.id());
+    std::thread::spawn(move || child.wait());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("listening on") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60)).expect("the coordinator did not start listening within 60 s");
+    format!("http://{addr}")
+}
+
+/// A rank in namespace `1 + rank`, asking the coordinator for `rank`.
+fn rank(net: &Net, coordinator: &str, run_id: &str, world: usize, rank: usize, args: &[&str]) -> Command {
+    let mut cmd = net.exec(1 + rank, Path::new(DROVE));
+    cmd.args(args)
+        .env("DROVE_COORDINATOR", coordinator)
+        .env("DROVE_RUN_ID", run_id)
+        .env("DROVE_WORLD_SIZE", world.to_string())
+        .env("DROVE_RANK", rank.to_string())
+        .env("DROVE_COMM_TRANSPORT", "tcp")
+        .env("RAYON_NUM_THREADS", "1")
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Runs the commands at once and waits for all (each with the common deadline).
+fn all(cmds: Vec<Command>) -> Vec<Output> {
+    let handles: Vec<_> = cmds.into_iter().map(|mut c| std::thread::spawn(move || run(&mut c))).collect();
+    handles.into_iter().map(|h| h.join().expect("a rank's thread")).collect()
+}
+
+fn assets() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = std::env::var_os("DROVE_ASSETS").map(PathBuf::from).unwrap_or_else(|| root.join("assets"));
+    let status = Command::new("bash")
+        .arg(root.join("scripts/fetch-assets.sh"))
+        .env("DROVE_ASSETS", &dir)
+        .stdout(Stdio::null())
+        .status()
+        .expect("running scripts/fetch-assets.sh");
+    assert!(status.success(), "scripts/fetch-assets.sh failed; the test needs the real assets");
+    dir
+}
+
+fn train_args(out: &Path, assets: &Path, epochs: usize) -> Vec<String> {
+    let mut args: Vec<String> = ["train", "ner", "--max-train-sentences", "24", "--batch-size", "4"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(format!("--epochs={epochs}"));
+    args.extend(
+        ["--dropout", "0", "--eval", "", "--lr-scaling", "none", "--lr", "1e-3", "--warmup", "0"]
+            .map(String::from),
+    );
+    args.extend(["--micro-batches", "1", "--workers", "1"].map(String::from));
+    args.push(format!("--data={}", assets.join("conll2003").display()));
+    args.push(format!("--model={}", assets.join("minilm").display()));
+    args.push(format!("--out={}", out.display()));
+    args
+}
+
+#[test]
+fn three_ranks_in_their_own_namespaces_sum_over_the_tcp_ring_and_train_as_on_loopback() {
+    let _one = serial();
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let net = Net::new(4).expect("building the namespaces");
+    let dir = tempfile::tempdir().unwrap();
+    let mut reaper = Reaper(Vec::new());
+    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+
+    let outs = all((0..3).map(|r| rank(&net, &coord, "check", 3, r, &["check", "--json"])).collect());
+    for (r, out) in outs.iter().enumerate() {
+        assert!(out.status.success(), "rank {r}: {}", text(out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+        assert_eq!(report["rank"], r as u64, "{report}");
+        assert_eq!(report["sum"], 3, "0 + 1 + 2: {report}");
+        assert_eq!(report["transport"], "tcp", "{report}");
+    }
+
+    let assets = assets();
+    let (hosts, loopback) = (dir.path().join("hosts"), dir.path().join("loopback"));
+    let args = train_args(&hosts, &assets, 2);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let outs = all((0..3).map(|r| rank(&net, &coord, "train", 3, r, &args)).collect());
+    for (r, out) in outs.iter().enumerate() {
+        assert!(out.status.success(), "rank {r}: {}", text(out));
+    }
+    let local_args = train_args(&loopback, &assets, 2);
+    let mut local = Command::new(DROVE);
+    local
+        .args(&local_args)
+        .env("DROVE_COMM_TRANSPORT", "tcp")
+        .env("RAYON_NUM_THREADS", "1")
+        .env("RUST_LOG", "warn");
+    let out = run(&mut under_run(3, local));
+    assert!(out.status.success(), "{}", text(&out));
+    let d = relative_difference(
+        &read_latest(&hosts.join("checkpoints")),
+        &read_latest(&loopback.join("checkpoints")),
+    );
+    eprintln!("namespaces vs loopback: {d:e}");
+    assert!(d < 1e-5, "the run across namespaces differs from the one on loopback by {d} (relative)");
+}
