@@ -15,12 +15,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::{OnceLock, mpsc};
 use std::time::Duration;
 
-use common::{DROVE, read_latest, relative_difference, run, text, under_run};
+use common::{DROVE, assets, read_latest, relative_difference, run, text, under_run};
 
 /// Runs `ip ARGS`, failing with its stderr.
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -179,19 +179,6 @@ fn all(cmds: Vec<Command>) -> Vec<Output> {
     handles.into_iter().map(|h| h.join().expect("a rank's thread")).collect()
 }
 
-fn assets() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let dir = std::env::var_os("DROVE_ASSETS").map(PathBuf::from).unwrap_or_else(|| root.join("assets"));
-    let status = Command::new("bash")
-        .arg(root.join("scripts/fetch-assets.sh"))
-        .env("DROVE_ASSETS", &dir)
-        .stdout(Stdio::null())
-        .status()
-        .expect("running scripts/fetch-assets.sh");
-    assert!(status.success(), "scripts/fetch-assets.sh failed; the test needs the real assets");
-    dir
-}
-
 fn train_args(out: &Path, assets: &Path, epochs: usize) -> Vec<String> {
     let mut args: Vec<String> = ["train", "ner", "--max-train-sentences", "24", "--batch-size", "4"]
         .iter()
@@ -230,7 +217,7 @@ fn three_ranks_in_their_own_namespaces_sum_over_the_tcp_ring_and_train_as_on_loo
         assert_eq!(report["transport"], "tcp", "{report}");
     }
 
-    let assets = assets();
+    let assets = assets().clone();
     let (hosts, loopback) = (dir.path().join("hosts"), dir.path().join("loopback"));
     let args = train_args(&hosts, &assets, 2);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -7,30 +7,10 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::path::Path;
+use std::process::Command;
 
-use common::{DROVE, read_latest, relative_difference, run, text, under_run};
-
-fn assets() -> &'static PathBuf {
-    static ASSETS: OnceLock<PathBuf> = OnceLock::new();
-    ASSETS.get_or_init(|| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let dir = std::env::var_os("DROVE_ASSETS").map(PathBuf::from).unwrap_or_else(|| root.join("assets"));
-        let status = Command::new("bash")
-            .arg(root.join("scripts/fetch-assets.sh"))
-            .env("DROVE_ASSETS", &dir)
-            .stdout(Stdio::null())
-            .status()
-            .expect("running scripts/fetch-assets.sh");
-        assert!(
-            status.success(),
-            "scripts/fetch-assets.sh failed ({status}); the tests need the real assets"
-        );
-        dir
-    })
-}
+use common::{DROVE, assets, read_latest, relative_difference, run, text, under_run};
 
 /// `drove train ner` on the real assets with the given extra arguments.
 fn train(out: &Path, extra: &[&str]) -> Command {

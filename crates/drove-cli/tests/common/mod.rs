@@ -3,8 +3,9 @@
 #![allow(dead_code)] // each test file uses its own part
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -83,4 +84,25 @@ pub fn relative_difference(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Ve
         }
     }
     diff / scale
+}
+
+/// The real assets (CoNLL-2003, MiniLM), fetched once per test process by
+/// `scripts/fetch-assets.sh` into `DROVE_ASSETS` (default `assets/`).
+pub fn assets() -> &'static PathBuf {
+    static ASSETS: OnceLock<PathBuf> = OnceLock::new();
+    ASSETS.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = std::env::var_os("DROVE_ASSETS").map(PathBuf::from).unwrap_or_else(|| root.join("assets"));
+        let status = Command::new("bash")
+            .arg(root.join("scripts/fetch-assets.sh"))
+            .env("DROVE_ASSETS", &dir)
+            .stdout(Stdio::null())
+            .status()
+            .expect("running scripts/fetch-assets.sh");
+        assert!(
+            status.success(),
+            "scripts/fetch-assets.sh failed ({status}); the tests need the real assets"
+        );
+        dir
+    })
 }
