@@ -7,10 +7,11 @@
 //! rightly pick shared memory; the ranks are told `DROVE_COMM_TRANSPORT=tcp`, and
 //! the test asserts that the TCP ring ran.
 //!
-//! Not here yet (issue 12): a namespace's link set down mid-run. Tried: the
-//! rank whose ring neighbour waits for the lost rank names that neighbour, and
-//! the cut-off rank's metric flush to the unreachable coordinator has no
-//! deadline (issue 13).
+//! A namespace's link set down mid-run: no connection closes, so the others
+//! learn of it only at the deadline; the ring neighbour that has bytes stuck on
+//! the way to the lost rank names it from the kernel's retransmission state,
+//! the one waiting on it names it as the rank it waited for, and the cut-off
+//! rank gives up too (its metrics push to the coordinator is bounded).
 
 mod common;
 
@@ -76,6 +77,12 @@ impl Net {
 
     fn addr(&self, i: usize) -> String {
         format!("{}.{}", self.subnet, 10 + i)
+    }
+
+    /// Sets namespace `i`'s link down: its host is gone from the network while
+    /// its processes live on.
+    fn cut(&self, i: usize) -> Result<(), String> {
+        ip(&["-n", &self.ns(i), "link", "set", &format!("{}c{i}", self.tag), "down"])
     }
 
     /// `program args` inside namespace `i`.
@@ -240,4 +247,122 @@ fn three_ranks_in_their_own_namespaces_sum_over_the_tcp_ring_and_train_as_on_loo
     );
     eprintln!("namespaces vs loopback: {d:e}");
     assert!(d < 1e-5, "the run across namespaces differs from the one on loopback by {d} (relative)");
+}
+
+/// One rank's process, its stderr streamed line by line to `lines`.
+fn start(
+    mut cmd: Command,
+    rank: usize,
+    reaper: &mut Reaper,
+    lines: mpsc::Sender<(usize, String)>,
+) -> std::process::Child {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting rank {rank}: {e}"));
+    reaper.0.push(child.id());
+    let stderr = child.stderr.take().expect("piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines.send((rank, line)).is_err() {
+                break;
+            }
+        }
+    });
+    child
+}
+
+/// The ranks an error names first: `lost rank(s) [2]`, `rank(s) [2] silent`,
+/// `waiting for rank(s) [2]`.
+fn first_named(error: &str) -> Option<Vec<usize>> {
+    let list = error.split_once("rank(s) [")?.1.split_once(']')?.0;
+    list.split(", ").map(|n| n.parse().ok()).collect()
+}
+
+#[test]
+fn a_namespace_cut_off_mid_run_is_named_by_the_others_within_the_deadline() {
+    let _one = serial();
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    const TIMEOUT_S: u64 = 10;
+    let net = Net::new(4).expect("building the namespaces");
+    let dir = tempfile::tempdir().unwrap();
+    let mut reaper = Reaper(Vec::new());
+    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+    let assets = assets().clone();
+    let mut args = train_args(&dir.path().join("out"), &assets, 200);
+    args.extend(["--log-every", "1"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    let (tx, lines) = mpsc::channel();
+    let mut children: Vec<_> = (0..3)
+        .map(|r| {
+            let mut cmd = rank(&net, &coord, "cut", 3, r, &args);
+            cmd.env("DROVE_COMM_TIMEOUT", TIMEOUT_S.to_string()).env("DROVE_COMM_WARN_AFTER", "5");
+            start(cmd, r, &mut reaper, tx.clone())
+        })
+        .collect();
+    drop(tx);
+    let mut logs: Vec<Vec<String>> = vec![Vec::new(); 3];
+    // Mid-run: rank 0 has logged its second step.
+    loop {
+        let (r, line) = lines.recv_timeout(Duration::from_secs(300)).expect("no second step within 300 s");
+        let second = r == 0 && line.starts_with("step 2/");
+        logs[r].push(line);
+        if second {
+            break;
+        }
+    }
+    net.cut(3).expect("setting rank 2's link down");
+    let cut = std::time::Instant::now();
+
+    // Every rank exits by itself, well within the deadline plus its teardown.
+    let limit = Duration::from_secs(TIMEOUT_S + 50);
+    let mut status = vec![None; 3];
+    while status.iter().any(Option::is_none) {
+        for (r, child) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                status[r] = child.try_wait().expect("waiting for a rank");
+            }
+        }
+        if status.iter().all(Option::is_some) {
+            break;
+        }
+        assert!(
+            cut.elapsed() < limit,
+            "ranks still running {:?} after the cut: {status:?}\n{logs:#?}",
+            cut.elapsed()
+        );
+        // Block on the ranks' output, which ends when they exit.
+        match lines.recv_timeout(Duration::from_millis(200)) {
+            Ok((r, line)) => logs[r].push(line),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::yield_now(),
+        }
+    }
+    while let Ok((r, line)) = lines.recv_timeout(Duration::from_secs(5)) {
+        logs[r].push(line);
+    }
+    let took = cut.elapsed();
+    eprintln!("all ranks gone {took:.1?} after the cut");
+    for (r, s) in status.iter().enumerate() {
+        assert!(!s.expect("exited").success(), "rank {r} succeeded after the cut:\n{}", logs[r].join("\n"));
+    }
+    for r in [0, 1] {
+        let error = logs[r].iter().find(|l| l.starts_with("error:"));
+        let error = error.unwrap_or_else(|| panic!("rank {r} printed no error:\n{}", logs[r].join("\n")));
+        eprintln!("rank {r}: {error}");
+        assert_eq!(
+            first_named(error),
+            Some(vec![2]),
+            "rank {r} does not name the lost rank 2 first: {error}"
+        );
+    }
+    assert!(
+        took < Duration::from_secs(TIMEOUT_S + 40),
+        "the ranks took {took:.1?} to fail after the cut (deadline {TIMEOUT_S} s)"
+    );
 }

@@ -245,23 +245,35 @@ impl MetricsRecorder {
             .and_then(|tx| tx.send(Command::Flush(reply)).ok())
             .ok_or_else(|| rendezvous_err("the metrics thread stopped"))?;
         answer
-            .recv_timeout(Duration::from_secs(60))
-            .map_err(|_| rendezvous_err("the coordinator did not acknowledge the metrics within 60 s"))?
+            .recv_timeout(PUSH_TIMEOUT * 2)
+            .map_err(|_| {
+                rendezvous_err(format!(
+                    "the coordinator did not acknowledge the metrics within {:?}",
+                    PUSH_TIMEOUT * 2
+                ))
+            })?
             .map_err(rendezvous_err)
     }
 }
 
 impl Drop for MetricsRecorder {
     fn drop(&mut self) {
-        if let Err(e) = self.flush() {
-            tracing::warn!("metrics not stored: {e}");
-        }
+        let flushed = self.flush();
         self.tx.take();
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
+        match flushed {
+            Ok(_) => {
+                if let Some(w) = self.worker.take() {
+                    let _ = w.join();
+                }
+            }
+            // The thread may still be inside a push: leave it, bounded by PUSH_TIMEOUT.
+            Err(e) => tracing::warn!("metrics not stored: {e}"),
         }
     }
 }
+
+/// How long one batch of metric points may take to be stored.
+const PUSH_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn push_loop(
     runtime: &tokio::runtime::Runtime,
@@ -284,9 +296,14 @@ fn push_loop(
         if !pending.is_empty() && error.is_none() {
             let batch = std::mem::take(&mut pending);
             let n = batch.len() as u64;
-            match runtime.block_on(push_batch(&addr, token.as_deref(), batch)) {
-                Ok(()) => stored_total += n,
-                Err(e) => error = Some(e),
+            // Bounded: a coordinator cut off mid-stream must not hold the rank.
+            let push = tokio::time::timeout(PUSH_TIMEOUT, push_batch(&addr, token.as_deref(), batch));
+            match runtime.block_on(push) {
+                Ok(Ok(())) => stored_total += n,
+                Ok(Err(e)) => error = Some(e),
+                Err(_) => {
+                    error = Some(format!("the coordinator did not store a batch within {PUSH_TIMEOUT:?}"))
+                }
             }
         }
         for reply in flushes {

@@ -45,6 +45,22 @@ pub enum CommError {
         /// The deadline that passed.
         after: Duration,
     },
+    /// Awaited peers went silent past the stall warning, and other peers hung
+    /// up meanwhile: most likely they gave up on the same silent ranks on their
+    /// own deadline, so the silent ones are named first.
+    #[error(
+        "{op}: rank(s) {ranks:?} silent for {after:.1?}; rank(s) {hung_up:?} hung up meanwhile (probably giving up on them)"
+    )]
+    Stalled {
+        /// The op.
+        op: String,
+        /// The silent ranks waited for.
+        ranks: Vec<usize>,
+        /// How long they were waited for.
+        after: Duration,
+        /// The peers that closed their connections.
+        hung_up: Vec<usize>,
+    },
     /// An earlier failure left the communicator unusable.
     #[error("communicator unusable after an earlier failure: {cause}")]
     Broken {

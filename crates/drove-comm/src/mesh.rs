@@ -219,7 +219,7 @@ impl Mesh {
         }
         let waiting: Vec<usize> = want.iter().map(|&(p, _)| p).collect();
         loop {
-            clock.check(&waiting)?;
+            self.check_deadline(clock, &waiting)?;
             let ms = clock.slice().as_millis().clamp(1, 1000) as i32;
             // SAFETY: `fds` is a valid, initialised array of pollfd for its length.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
@@ -250,6 +250,48 @@ impl Mesh {
                 return Ok(());
             }
         }
+    }
+
+    /// Errors if the deadline passed (see [`Clock::check`]). A peer that has not
+    /// acknowledged data sent to it for a while is named as lost rather than the
+    /// rank waited for: when a host or its link goes down, its neighbours wait on
+    /// each other, and only the ones with bytes stuck on the way to it can tell.
+    pub fn check_deadline(&self, clock: &mut Clock, waiting: &[usize]) -> Result<(), CommError> {
+        match clock.check(waiting) {
+            Err(CommError::Timeout { op, ranks, after }) => {
+                let stuck = self.unacknowledged();
+                if stuck.is_empty() {
+                    return Err(CommError::Timeout { op, ranks, after });
+                }
+                let silent = stuck.iter().map(|&(_, d)| d).max().unwrap_or_default();
+                let mut detail = format!(
+                    "no TCP acknowledgement of the data sent to it for {silent:.1?} (its host or link is down)"
+                );
+                let others: Vec<usize> =
+                    ranks.iter().copied().filter(|r| stuck.iter().all(|&(p, _)| p != *r)).collect();
+                if !others.is_empty() {
+                    detail.push_str(&format!(", while waiting for rank(s) {others:?} for {after:.1?}"));
+                }
+                Err(CommError::PeerLost { op, ranks: stuck.into_iter().map(|(p, _)| p).collect(), detail })
+            }
+            other => other,
+        }
+    }
+
+    /// Peers with data in flight that the kernel is retransmitting and that
+    /// has not been acknowledged for at least a second, with how long.
+    fn unacknowledged(&self) -> Vec<(usize, Duration)> {
+        self.peers
+            .iter()
+            .enumerate()
+            .filter_map(|(peer, s)| {
+                let info = tcp_info(s.as_ref()?)?;
+                let silent = Duration::from_millis(u64::from(info.tcpi_last_ack_recv));
+                let stuck =
+                    info.tcpi_unacked > 0 && info.tcpi_retransmits > 0 && silent >= Duration::from_secs(1);
+                stuck.then_some((peer, silent))
+            })
+            .collect()
     }
 
     /// Checks, without blocking, that no peer has hung up.
@@ -435,10 +477,36 @@ impl Mesh {
 fn lost_while(clock: &Clock, dead: Vec<usize>, waiting: &[usize]) -> CommError {
     let mut detail = String::from("connection closed (the process exited or was killed)");
     let others: Vec<usize> = waiting.iter().copied().filter(|w| !dead.contains(w)).collect();
+    if clock.warned && !others.is_empty() {
+        return CommError::Stalled {
+            op: clock.op.clone(),
+            ranks: others,
+            after: clock.start.elapsed(),
+            hung_up: dead,
+        };
+    }
     if !others.is_empty() {
         detail.push_str(&format!(" while waiting for rank(s) {others:?} for {:.1?}", clock.start.elapsed()));
     }
     CommError::PeerLost { op: clock.op.clone(), ranks: dead, detail }
+}
+
+/// The kernel's view of a TCP connection (Linux); `None` where unavailable.
+fn tcp_info(stream: &TcpStream) -> Option<libc::tcp_info> {
+    // SAFETY: tcp_info is plain old data; all-zero is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a valid socket, a buffer of `len` bytes and its length.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(info)
 }
 
 fn poll_one(fd: i32, events: i16, timeout: Duration) {

@@ -128,7 +128,7 @@ impl Shm {
                     let missing: Vec<usize> =
                         who.clone().filter(|&q| q != self.rank && !self.reached(q, phase)).collect();
                     mesh.check_alive(clock, &missing)?;
-                    clock.check(&missing)?;
+                    mesh.check_deadline(clock, &missing)?;
                 }
             }
         }
