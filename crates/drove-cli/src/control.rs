@@ -28,21 +28,24 @@ pub(crate) async fn connect(addr: &str, token: Option<&str>) -> anyhow::Result<C
     let endpoint = drove_proto::client::endpoint(addr).map_err(|e| {
         anyhow::anyhow!("{addr:?} is not a usable coordinator address (host:port, http:// or https://): {e}")
     })?;
-    let channel = endpoint.connect().await.map_err(|e| {
-        // The causes, without tonic's generic "transport error" and repeated layers.
-        let mut causes: Vec<String> = Vec::new();
-        let mut cause: Option<&dyn std::error::Error> = Some(&e);
-        while let Some(c) = cause {
-            let text = c.to_string();
-            if text != "transport error" && causes.last() != Some(&text) {
-                causes.push(text);
-            }
-            cause = c.source();
-        }
-        anyhow!("cannot connect to the coordinator at {addr}: {}", causes.join(": "))
-    })?;
+    let channel = endpoint.connect().await.map_err(|e| unreachable(addr, &e))?;
     let token = Token::new(token).context("the token cannot be sent in an HTTP header")?;
     Ok(Clients::new(InterceptedService::new(channel, token)))
+}
+
+/// "cannot connect": the causes, without tonic's generic "transport error" and
+/// repeated layers.
+fn unreachable(addr: &str, e: &tonic::transport::Error) -> anyhow::Error {
+    let mut causes: Vec<String> = Vec::new();
+    let mut cause: Option<&dyn std::error::Error> = Some(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if text != "transport error" && causes.last() != Some(&text) {
+            causes.push(text);
+        }
+        cause = c.source();
+    }
+    anyhow!("cannot connect to the coordinator at {addr}: {}", causes.join(": "))
 }
 
 /// A gRPC status as a one-line error naming its code, e.g.
@@ -460,5 +463,63 @@ mod tests {
             assert_eq!(aggregation_name(a), s);
         }
         assert!(aggregation("median").unwrap_err().contains("unknown aggregation"));
+    }
+}
+
+/// Settings of `drove health`.
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Coordinator address, host:port [default: $DROVE_COORDINATOR].
+    #[arg(long, value_name = "ADDR")]
+    coordinator: Option<String>,
+    /// The service to ask about (empty: the server as a whole).
+    #[arg(long, default_value = "", value_name = "NAME")]
+    service: String,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 5.0, value_name = "SECS", value_parser = crate::parse::positive_secs)]
+    timeout: f64,
+}
+
+/// `drove health`: one `grpc.health.v1.Health/Check` call (no token needed), for
+/// container health checks; succeeds only on `SERVING`.
+pub fn health(args: &HealthArgs) -> anyhow::Result<()> {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let addr = match &args.coordinator {
+        Some(a) => a.clone(),
+        None => std::env::var("DROVE_COORDINATOR").map_err(|_| {
+            anyhow!("no coordinator given: pass --coordinator HOST:PORT or set DROVE_COORDINATOR")
+        })?,
+    };
+    let limit = std::time::Duration::from_secs_f64(args.timeout);
+    let rt = runtime("drove-health")?;
+    let status = rt.block_on(async {
+        let check = async {
+            let endpoint = drove_proto::client::endpoint(&addr).map_err(|e| {
+                anyhow!("{addr:?} is not a usable coordinator address (host:port, http:// or https://): {e}")
+            })?;
+            let channel = endpoint.connect().await.map_err(|e| unreachable(&addr, &e))?;
+            let reply = HealthClient::new(channel)
+                .check(HealthCheckRequest { service: args.service.clone() })
+                .await
+                .map_err(status_error)?;
+            anyhow::Ok(reply.into_inner().status())
+        };
+        tokio::time::timeout(limit, check).await.map_err(|_| {
+            anyhow!("the coordinator at {addr} did not answer a health check within {limit:?}")
+        })?
+    })?;
+    let what = if args.service.is_empty() {
+        "the coordinator".to_string()
+    } else {
+        format!("service {:?}", args.service)
+    };
+    match status {
+        ServingStatus::Serving => {
+            emit(&format!("{addr}: {what} is SERVING"))?;
+            Ok(())
+        }
+        other => anyhow::bail!("{addr}: {what} is {}", other.as_str_name()),
     }
 }

@@ -85,6 +85,9 @@ enum Command {
     Metrics(control::MetricsArgs),
     /// List the runs a coordinator knows.
     Runs(control::RunsArgs),
+    /// Ask a coordinator whether it is serving (gRPC health; exits 0 only on
+    /// SERVING): for container health checks.
+    Health(control::HealthArgs),
     /// Rewrite a safetensors file's float tensors as f16 or f32 (to carry
     /// weights in half the bytes, and back).
     Weights(gpu::WeightsArgs),
@@ -148,6 +151,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(&args),
         Command::Metrics(args) => done(control::metrics(&args)),
         Command::Runs(args) => done(control::runs(&args)),
+        Command::Health(args) => done(control::health(&args)),
     }
 }
 
@@ -230,6 +234,12 @@ mod parse {
         } else {
             Err(format!("seconds must be a finite number of at least 0, found {x}"))
         }
+    }
+
+    /// A timeout in seconds: finite and above 0.
+    pub fn positive_secs(s: &str) -> Result<f64, String> {
+        let x = seconds(s)?;
+        if x > 0.0 { Ok(x) } else { Err(format!("a timeout must be above 0 seconds, found {x}")) }
     }
 }
 

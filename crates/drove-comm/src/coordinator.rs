@@ -297,7 +297,9 @@ fn push_loop(
             let batch = std::mem::take(&mut pending);
             let n = batch.len() as u64;
             // Bounded: a coordinator cut off mid-stream must not hold the rank.
-            let push = tokio::time::timeout(PUSH_TIMEOUT, push_batch(&addr, token.as_deref(), batch));
+            let push = async {
+                tokio::time::timeout(PUSH_TIMEOUT, push_batch(&addr, token.as_deref(), batch)).await
+            };
             match runtime.block_on(push) {
                 Ok(Ok(())) => stored_total += n,
                 Ok(Err(e)) => error = Some(e),
