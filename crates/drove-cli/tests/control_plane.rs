@@ -558,6 +558,30 @@ fn metrics_without_a_reachable_coordinator_say_so() {
 }
 
 #[test]
+fn health_says_serving_only_for_a_serving_coordinator() {
+    let coordinator = Coordinator::start(&["--token", "secret"]);
+    let addr = coordinator.addr.as_str();
+    // No token needed: probes and container health checks carry none.
+    let (status, out, err) = drove(&["health", "--coordinator", addr], DEADLINE);
+    assert!(status.success(), "{status}: {err}");
+    assert_eq!(out, [format!("{addr}: the coordinator is SERVING")]);
+    let (status, _, err) =
+        drove(&["health", "--coordinator", addr, "--service", "no.such.Service"], DEADLINE);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("NotFound"), "{err}");
+    drop(coordinator);
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let gone = format!("127.0.0.1:{port}");
+    let (status, _, err) = drove(&["health", "--coordinator", &gone, "--timeout", "3"], DEADLINE);
+    assert_eq!(status.code(), Some(1));
+    assert!(err.starts_with(&format!("error: cannot connect to the coordinator at {gone}")), "{err}");
+    let (status, _, err) = drove(&["health", "--coordinator", &gone, "--timeout", "0"], DEADLINE);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("a timeout must be above 0 seconds"), "{err}");
+}
+
+#[test]
 fn bench_coordinator_reports_positive_finite_figures() {
     let (status, out, err) = drove(
         &[
