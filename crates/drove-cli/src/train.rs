@@ -48,19 +48,23 @@ pub struct NerArgs {
           value_parser = |s: &str| parse::at_least(s, 1, "--batch-size", ""))]
     batch_size: usize,
     /// Peak learning rate for one rank (scaled by --lr-scaling with the world size).
-    #[arg(long, default_value_t = 5e-5)]
+    #[arg(long, default_value_t = 5e-5, allow_negative_numbers = true,
+          value_parser = |s: &str| parse::finite_at_least(s, 0.0, "--lr"))]
     lr: f64,
     /// How the learning rate grows with the world size: none, linear (Horovod) or sqrt.
     #[arg(long, default_value = "linear")]
     lr_scaling: LrScaling,
     /// Fraction of the steps spent warming the learning rate up.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true,
+          value_parser = |s: &str| parse::fraction(s, "--warmup"))]
     warmup: f64,
     /// AdamW weight decay (not applied to biases and LayerNorm weights).
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = 0.01, allow_negative_numbers = true,
+          value_parser = |s: &str| parse::finite_at_least(s, 0.0, "--weight-decay"))]
     weight_decay: f64,
     /// Clip the gradients' global norm to this (0: no clipping).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true,
+          value_parser = |s: &str| parse::finite_at_least(s, 0.0, "--clip-norm"))]
     clip_norm: f64,
     /// Truncate sentences to this many tokens.
     #[arg(long, default_value_t = 128, value_parser = |s: &str| parse::at_least(s, 3, "--max-len", ""))]
@@ -69,7 +73,8 @@ pub struct NerArgs {
     #[arg(long)]
     cased: bool,
     /// Mask each token with this probability as augmentation (0: none).
-    #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = parse::probability)]
+    #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true,
+          value_parser = |s: &str| parse::fraction(s, "--augment-mask"))]
     augment_mask: f64,
     /// How masks are seeded: derived (per sample, the default), per-worker, or
     /// naive (the bug: every rank and worker the same stream).
@@ -117,7 +122,8 @@ pub struct NerArgs {
     #[arg(long, default_value = "cpu")]
     device: DeviceChoice,
     /// Dropout for every layer, overriding config.json (0 for exact comparisons).
-    #[arg(long, value_name = "P", value_parser = parse::probability)]
+    #[arg(long, value_name = "P", allow_negative_numbers = true,
+          value_parser = |s: &str| parse::fraction(s, "--dropout"))]
     dropout: Option<f64>,
     /// Continue from the latest checkpoint under --out.
     #[arg(long)]

@@ -313,3 +313,22 @@ fn bench_allreduce_spawns_ranks_and_reports_bandwidth() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("unknown unit"), "{}", stderr(&out));
 }
+
+#[test]
+fn non_finite_or_out_of_range_training_settings_are_refused_by_name() {
+    for (flag, value, says) in [
+        ("--lr", "nan", "--lr must be a finite number of at least 0, found NaN"),
+        ("--lr", "-1", "--lr must be a finite number of at least 0, found -1"),
+        ("--lr", "inf", "--lr must be a finite number of at least 0, found inf"),
+        ("--warmup", "1.5", "--warmup must be in [0, 1], found 1.5"),
+        ("--weight-decay", "-0.01", "--weight-decay must be a finite number of at least 0, found -0.01"),
+        ("--clip-norm", "NaN", "--clip-norm must be a finite number of at least 0, found NaN"),
+        ("--augment-mask", "-0.2", "--augment-mask must be in [0, 1], found -0.2"),
+        ("--dropout", "2", "--dropout must be in [0, 1], found 2"),
+    ] {
+        let out = drove(&["train", "ner", flag, value]);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let err = stderr(&out);
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
+}

@@ -239,3 +239,27 @@ fn an_unreadable_checkpoint_is_named() {
     assert!(!out.status.success());
     assert!(err.contains("step-00000003/model.safetensors") && err.contains("unreadable"), "{err}");
 }
+
+#[test]
+fn a_step_made_non_finite_stops_every_rank_and_keeps_the_last_finite_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--lr", "1e30", "--lr-scaling", "none", "--warmup", "0", "--checkpoint-every", "1"];
+    let args: Vec<&str> =
+        SMALL.iter().chain(&["--batch-size", "4", "--workers", "1"]).chain(&args).copied().collect();
+    let out = run(&mut under_run(2, train(dir.path(), &args)));
+    assert!(!out.status.success(), "a step of lr 1e30 went through: {}", text(&out));
+    let log = text(&out);
+    for rank in 0..2 {
+        // One error, the same on every rank: the step and the ranks at fault.
+        let line = format!(
+            "[{rank}] error: rank {rank}: step 2: the loss is NaN, not finite (local loss not finite on rank(s) [0, 1]); no update was applied"
+        );
+        assert!(log.contains(&line), "rank {rank}: {log}");
+    }
+    let checkpoints = dir.path().join("checkpoints");
+    let latest = std::fs::read_to_string(checkpoints.join("latest")).expect("the checkpoint of step 1");
+    assert_eq!(latest.trim(), "step-00000001", "{log}");
+    for (name, values) in read_latest(&checkpoints) {
+        assert!(values.iter().all(|v| v.is_finite()), "{name} holds non-finite values");
+    }
+}

@@ -63,6 +63,23 @@ pub enum TrainError {
     /// The GPU, or a library it needs, is missing or failed.
     #[error("{0}")]
     Gpu(String),
+    /// A step's loss or global gradient norm was not finite: no update was
+    /// applied, and every rank stops with this error.
+    #[error(
+        "step {step}: the {what} is {value}, not finite ({}); no update was applied",
+        if ranks.is_empty() { "every rank's local loss is finite".to_string() }
+        else { format!("local loss not finite on rank(s) {ranks:?}") }
+    )]
+    NonFinite {
+        /// The step that failed (1-based: the update it would have been).
+        step: u64,
+        /// What was not finite: `loss` or `global gradient norm`.
+        what: &'static str,
+        /// Its value.
+        value: f64,
+        /// The ranks whose own loss was not finite.
+        ranks: Vec<usize>,
+    },
     /// A tensor could not be read as f32.
     #[error("parameter {index} could not be read as f32: {message}")]
     Data {

@@ -46,7 +46,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, Tensor};
 use drove_comm::fusion::{FusionOptions, all_reduce_fused};
-use drove_comm::{Buffer, Collective, Element, ReduceOptions};
+use drove_comm::{Buffer, Collective, Element, Gathered, ReduceOptions};
 
 use crate::TrainError;
 use crate::checkpoint;
@@ -661,16 +661,33 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let local_loss = std::mem::take(&mut self.local_loss);
         let passes = std::mem::take(&mut self.passes);
         let model = self.model.take().expect("the model is always put back");
-        let settings = UpdateSettings { comm, fusion, clip, lr };
-        let (model, grad_norm) = self.state.update(model, grads, &settings, &self.device, &mut times);
-        self.model = Some(model);
-        let grad_norm = grad_norm?;
+        // The loss first: a rank whose loss is not finite stops every rank
+        // before any update, so the parameters stay those of the last step.
         let global_loss = if comm.world_size() > 1 {
             let mut value = [local_loss];
-            comm.all_reduce("step.loss", &[1], f64::tensor_mut(&mut value), ReduceOptions::average())?;
+            let reduced =
+                comm.all_reduce("step.loss", &[1], f64::tensor_mut(&mut value), ReduceOptions::average());
+            if let Err(e) = reduced {
+                self.model = Some(model);
+                return Err(e.into());
+            }
             value[0]
         } else {
             local_loss
+        };
+        let step = self.steps() + 1;
+        if !global_loss.is_finite() {
+            self.model = Some(model);
+            return Err(self.non_finite(step, "loss", global_loss, local_loss));
+        }
+        let settings = UpdateSettings { comm, fusion, clip, lr };
+        let (model, grad_norm) = self.state.update(model, grads, &settings, &self.device, &mut times);
+        self.model = Some(model);
+        let grad_norm = match grad_norm {
+            Ok(norm) if !norm.is_finite() => {
+                return Err(self.non_finite(step, "global gradient norm", norm, local_loss));
+            }
+            other => other?,
         };
         Ok(StepOutcome {
             applied: true,
@@ -682,6 +699,26 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             lr: Some(lr),
             times,
         })
+    }
+
+    /// The error of a step whose loss or gradient norm is not finite, naming
+    /// the ranks whose local loss was not (every rank gathers them, so all fail
+    /// with the same message).
+    fn non_finite(&self, step: u64, what: &'static str, value: f64, local_loss: f64) -> TrainError {
+        let ranks = if self.comm.world_size() > 1 {
+            match self.comm.all_gather("step.nonfinite", &[1], f64::tensor_ref(&[local_loss])) {
+                Ok(Gathered { data: Buffer::F64(losses), .. }) => {
+                    losses.iter().enumerate().filter(|(_, l)| !l.is_finite()).map(|(r, _)| r).collect()
+                }
+                Ok(_) => Vec::new(),
+                Err(e) => return e.into(),
+            }
+        } else if local_loss.is_finite() {
+            Vec::new()
+        } else {
+            vec![0]
+        };
+        TrainError::NonFinite { step, what, value, ranks }
     }
 
     /// Writes a checkpoint of the replica (parameters, AdamW moments, step)
