@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
-use drove_proto::client::Clients;
+use drove_proto::client::{Authed, Clients};
+use drove_proto::v1::rendezvous_client::RendezvousClient;
 use drove_proto::v1::{HeartbeatRequest, LeaveRequest};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -93,6 +94,8 @@ enum Event {
     Exited(usize, std::io::Result<ExitStatus>),
     /// `drove run` received this signal.
     Signal(i32),
+    /// The coordinator failed the run (e.g. a rank stopped sending heartbeats).
+    RunFailed(String),
 }
 
 fn signal_name(sig: i32) -> String {
@@ -131,6 +134,7 @@ fn describe(status: &ExitStatus) -> String {
 enum Cause {
     RankFailed(usize),
     Signal(i32),
+    RunFailed,
 }
 
 impl std::fmt::Display for Cause {
@@ -138,6 +142,7 @@ impl std::fmt::Display for Cause {
         match self {
             Cause::RankFailed(r) => write!(f, "after rank {r} failed"),
             Cause::Signal(s) => write!(f, "on {}", signal_name(*s)),
+            Cause::RunFailed => write!(f, "after the coordinator failed the run"),
         }
     }
 }
@@ -229,6 +234,8 @@ struct Outcome {
     cause: Option<Cause>,
     /// The signal that interrupted `drove run`, if one did.
     interrupted: Option<i32>,
+    /// Why the coordinator failed the run, if it did before any rank failed.
+    run_failed: Option<String>,
 }
 
 struct Spec<'a> {
@@ -325,6 +332,7 @@ fn supervise(
     let mut first_failure = None;
     let mut cause = None;
     let mut interrupted = None;
+    let mut run_failed = None;
     let mut kill_at: Option<Instant> = None;
 
     let stop = |why: Cause, statuses: &[Option<Result<ExitStatus, String>>]| {
@@ -385,6 +393,14 @@ fn supervise(
                     }
                 }
             }
+            Some(Event::RunFailed(why)) => {
+                if cause.is_none() {
+                    tracing::error!("the coordinator failed the run: {why}");
+                    run_failed = Some(why);
+                    cause = Some(Cause::RunFailed);
+                    kill_at = Some(stop(Cause::RunFailed, &statuses));
+                }
+            }
             Some(Event::Signal(sig)) => {
                 if cause.is_none() {
                     tracing::warn!("received {}", signal_name(sig));
@@ -421,13 +437,18 @@ fn supervise(
         first_failure,
         cause,
         interrupted,
+        run_failed,
     })
 }
 
 /// Checks that the token is accepted and that no live run has this id (its
 /// ranks would find the run full). A finished or failed run id may be reused.
 async fn check_run_is_free(clients: &mut Clients, run_id: &str) -> anyhow::Result<()> {
-    let probe = clients.rendezvous.heartbeat(HeartbeatRequest { run_id: run_id.to_string(), rank: 0 });
+    let probe = clients.rendezvous.heartbeat(HeartbeatRequest {
+        run_id: run_id.to_string(),
+        rank: 0,
+        observer: true,
+    });
     match tokio::time::timeout(Duration::from_secs(15), probe).await {
         Err(_) => bail!("the coordinator did not answer within 15 s"),
         Ok(Err(s)) if s.code() == tonic::Code::NotFound => Ok(()),
@@ -439,7 +460,29 @@ async fn check_run_is_free(clients: &mut Clients, run_id: &str) -> anyhow::Resul
     }
 }
 
+/// Asks the coordinator for the run's state every second, and reports once if
+/// it failed the run with a reason (a hung rank); a coordinator that is away
+/// (restarting) is asked again at the next tick.
+async fn watch_run(mut rendezvous: RendezvousClient<Authed>, run_id: String, tx: mpsc::Sender<Event>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let probe =
+            rendezvous.heartbeat(HeartbeatRequest { run_id: run_id.clone(), rank: 0, observer: true });
+        if let Ok(Ok(reply)) = tokio::time::timeout(Duration::from_secs(5), probe).await {
+            let reply = reply.into_inner();
+            if reply.state == "failed" && !reply.error.is_empty() {
+                let _ = tx.send(Event::RunFailed(reply.error));
+                return;
+            }
+        }
+    }
+}
+
 /// Tells the coordinator that every rank left (with an error for failed ones).
+/// Each call is retried for up to 15 s while the coordinator is unavailable (a
+/// restart), so the run ends finished or failed there all the same.
 async fn leave_all(clients: &mut Clients, run_id: &str, outcome: &Outcome) {
     for (rank, status) in outcome.statuses.iter().enumerate() {
         let error = match (status, outcome.cause) {
@@ -449,9 +492,8 @@ async fn leave_all(clients: &mut Clients, run_id: &str, outcome: &Outcome) {
             (Ok(s), None) => describe(s),
             (Err(e), _) => e.clone(),
         };
-        let call =
-            clients.rendezvous.leave(LeaveRequest { run_id: run_id.to_string(), rank: rank as i32, error });
-        match tokio::time::timeout(Duration::from_secs(10), call).await {
+        let request = LeaveRequest { run_id: run_id.to_string(), rank: rank as i32, error };
+        match leave_retrying(&mut clients.rendezvous, request, Duration::from_secs(15)).await {
             Ok(Ok(_)) => {}
             Ok(Err(s)) if s.code() == tonic::Code::NotFound => {
                 tracing::debug!("run {run_id:?} never joined the coordinator");
@@ -461,11 +503,35 @@ async fn leave_all(clients: &mut Clients, run_id: &str, outcome: &Outcome) {
                 tracing::warn!("rank {rank} could not leave run {run_id:?}: {:#}", status_error(s));
             }
             Err(_) => {
-                tracing::warn!("the coordinator did not answer Leave within 10 s");
+                tracing::warn!("the coordinator did not answer Leave within 15 s");
                 return;
             }
         }
     }
+}
+
+/// One Leave, retried after 0.2 s, 0.4 s, ... (at most 2 s apart) while the
+/// coordinator is unavailable, until `limit` passes (then `Err`).
+async fn leave_retrying(
+    rendezvous: &mut RendezvousClient<Authed>,
+    request: LeaveRequest,
+    limit: Duration,
+) -> Result<Result<tonic::Response<drove_proto::v1::LeaveResponse>, tonic::Status>, tokio::time::error::Elapsed>
+{
+    tokio::time::timeout(limit, async {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            match rendezvous.leave(request.clone()).await {
+                Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) => {
+                    tracing::debug!("Leave: {} ({:?}); retrying in {wait:?}", s.message(), s.code());
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
+            }
+        }
+    })
+    .await
 }
 
 /// `drove run`.
@@ -551,7 +617,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         env,
         grace: Duration::from_secs_f64(args.stop_grace_secs),
     };
+    let watcher = rt.spawn(watch_run(clients.rendezvous.clone(), run_id.clone(), tx.clone()));
     let outcome = supervise(&spec, tx, &rx);
+    watcher.abort();
 
     if let Ok(outcome) = &outcome {
         rt.block_on(leave_all(&mut clients, &run_id, outcome));
@@ -567,6 +635,10 @@ pub fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         drop(store);
     }
     let outcome = outcome?;
+    if let Some(why) = &outcome.run_failed {
+        eprintln!("error: run {run_id} failed: {why}");
+        return Ok(ExitCode::from(1));
+    }
     let code = match (outcome.first_failure, outcome.interrupted) {
         (Some((rank, code)), _) => {
             tracing::info!("run {run_id} failed: rank {rank} failed first; exit code {code}");

@@ -15,7 +15,8 @@ use anyhow::{Context, anyhow};
 use burn::backend::{Autodiff, Flex};
 use clap::Args;
 use drove_collate::MaskSeeding;
-use drove_comm::{Collective, Communicator, MetricsRecorder, SingleProcess};
+use drove_comm::{Collective, Communicator, SingleProcess};
+use drove_metrics::{MetricsRecorder, RecorderOptions};
 use drove_train::Placement;
 use drove_train::flat::AdamWSettings;
 use drove_train::gpu::DeviceChoice;
@@ -247,7 +248,7 @@ impl Observer for Reporter {
     fn step(&mut self, r: &StepReport) {
         if self.fail_at == Some((r.step, self.rank)) {
             if let Some(m) = &self.metrics {
-                let _ = m.flush();
+                let _ = m.flush(std::time::Duration::from_secs(30));
             }
             eprintln!(
                 "rank {}: killing itself with SIGKILL after step {} (--fail-at-step)",
@@ -366,9 +367,10 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
         Ok(addr) => {
             let run_id = std::env::var("DROVE_RUN_ID").unwrap_or_else(|_| "train".into());
             let token = std::env::var("DROVE_TOKEN").ok();
+            let options = RecorderOptions::from_env().context("the metrics settings")?;
             Some(
-                MetricsRecorder::new(&addr, token.as_deref(), &run_id, rank)
-                    .context("connecting the metrics")?,
+                MetricsRecorder::new(&addr, token.as_deref(), &run_id, rank, options)
+                    .context("starting the metrics recorder")?,
             )
         }
         Err(_) => None,
@@ -389,8 +391,13 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
     if let Some(bar) = reporter.bar.take() {
         bar.finish_and_clear();
     }
-    if let Some(m) = &reporter.metrics {
-        m.flush().context("storing the metrics on the coordinator")?;
+    // A coordinator that is down costs metrics, not the run: the training
+    // result stands, with a warning naming what was not delivered.
+    if let Some(m) = reporter.metrics.take() {
+        let delivery = m.close();
+        if delivery.undelivered() > 0 {
+            eprintln!("warning: rank {rank}: {delivery}");
+        }
     }
     if rank == 0 {
         print_summary(&summary, args.json);

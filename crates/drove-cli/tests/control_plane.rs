@@ -2,10 +2,12 @@
 //! and `drove bench coordinator`, as real processes talking to real coordinators
 //! on loopback. Every wait has a deadline; nothing waits by sleeping.
 
-use std::io::{BufRead as _, BufReader, Read};
-use std::process::{Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+mod common;
+
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
+
+use common::Proc;
 
 use drove_proto::client::Clients;
 use drove_proto::v1::{MetricPoint, PushRequest};
@@ -14,133 +16,6 @@ use serde_json::Value;
 const DROVE: &str = env!("CARGO_BIN_EXE_drove");
 /// Long enough for a loaded machine; a hang still ends the test.
 const DEADLINE: Duration = Duration::from_secs(60);
-
-/// A process with its stdout and stderr read line by line; killed on drop
-/// unless it was seen to exit.
-struct Proc {
-    what: String,
-    pid: i32,
-    status: Receiver<ExitStatus>,
-    stdout: Receiver<String>,
-    stderr: Receiver<String>,
-    out: Vec<String>,
-    err: Vec<String>,
-    exited: bool,
-}
-
-fn lines_of(source: impl Read + Send + 'static) -> Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(source).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-impl Proc {
-    fn spawn(cmd: &mut Command) -> Proc {
-        let what = format!("{cmd:?}");
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {what}: {e}"));
-        let stdout = lines_of(child.stdout.take().unwrap());
-        let stderr = lines_of(child.stderr.take().unwrap());
-        let pid = child.id() as i32;
-        let (tx, status) = mpsc::channel();
-        std::thread::spawn(move || {
-            if let Ok(s) = child.wait() {
-                let _ = tx.send(s);
-            }
-        });
-        Proc { what, pid, status, stdout, stderr, out: Vec::new(), err: Vec::new(), exited: false }
-    }
-
-    /// `drove args`, logging at the default level.
-    fn drove(args: &[&str]) -> Proc {
-        Proc::spawn(Command::new(DROVE).args(args).env_remove("RUST_LOG"))
-    }
-
-    fn stderr_now(&mut self) -> String {
-        self.err.extend(self.stderr.try_iter());
-        self.err.join("\n")
-    }
-
-    /// Waits for a stdout line that satisfies `pred`, and returns it.
-    fn line(&mut self, within: Duration, pred: impl Fn(&str) -> bool) -> String {
-        let until = Instant::now() + within;
-        loop {
-            match self.stdout.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                Ok(line) => {
-                    self.out.push(line.clone());
-                    if pred(&line) {
-                        return line;
-                    }
-                }
-                Err(e) => {
-                    let err = self.stderr_now();
-                    panic!(
-                        "{}: no expected line on stdout ({e:?}); stdout:\n{}\nstderr:\n{err}",
-                        self.what,
-                        self.out.join("\n"),
-                    )
-                }
-            }
-        }
-    }
-
-    /// Waits for the exit; returns the status, every stdout line and all of stderr.
-    fn finish(mut self, within: Duration) -> (ExitStatus, Vec<String>, String) {
-        let until = Instant::now() + within;
-        let status = match self.status.recv_timeout(within) {
-            Ok(s) => s,
-            Err(_) => {
-                let err = self.stderr_now();
-                panic!(
-                    "{} did not exit within {within:?}; stdout:\n{}\nstderr:\n{err}",
-                    self.what,
-                    self.out.join("\n"),
-                )
-            }
-        };
-        self.exited = true;
-        let drain = |rx: &Receiver<String>, into: &mut Vec<String>| {
-            loop {
-                match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                    Ok(line) => into.push(line),
-                    Err(RecvTimeoutError::Disconnected) => break,
-                    Err(RecvTimeoutError::Timeout) => panic!("its output stayed open after it exited"),
-                }
-            }
-        };
-        let (mut out, mut err) = (std::mem::take(&mut self.out), std::mem::take(&mut self.err));
-        drain(&self.stdout, &mut out);
-        drain(&self.stderr, &mut err);
-        (status, out, err.join("\n"))
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: signalling our own child, which has not been seen to exit.
-        assert_eq!(unsafe { libc::kill(self.pid, sig) }, 0, "signalling {}", self.what);
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if !self.exited && self.status.try_recv().is_err() {
-            // SAFETY: killing our own child (a test failed before it ended).
-            unsafe {
-                libc::kill(self.pid, libc::SIGKILL);
-            }
-        }
-    }
-}
 
 /// Runs drove to completion within the deadline.
 fn drove(args: &[&str], within: Duration) -> (ExitStatus, Vec<String>, String) {

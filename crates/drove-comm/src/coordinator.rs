@@ -1,11 +1,12 @@
-//! Rendezvous (and metric recording) through a drove coordinator, for launchers
-//! such as `drove run` that set `DROVE_COORDINATOR` and `DROVE_RUN_ID`.
+//! Rendezvous through a drove coordinator, for launchers such as `drove run`
+//! that set `DROVE_COORDINATOR` and `DROVE_RUN_ID` (metric points go through
+//! the `drove-metrics` crate: the data plane keeps the rendezvous only).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
 use drove_proto::client::Clients;
-use drove_proto::v1::{JoinRequest, LeaveRequest, MetricPoint, PushRequest};
+use drove_proto::v1::{HeartbeatRequest, JoinRequest, LeaveRequest};
 
 use crate::error::CommError;
 use crate::rendezvous::{PeerTable, Rendezvous};
@@ -25,6 +26,9 @@ pub struct CoordinatorRendezvous {
     bind: SocketAddr,
     host: String,
     runtime: tokio::runtime::Runtime,
+    /// How often this rank tells the coordinator it is alive once joined
+    /// (`None`: never).
+    heartbeat: Option<Duration>,
 }
 
 impl std::fmt::Debug for CoordinatorRendezvous {
@@ -85,14 +89,16 @@ impl CoordinatorRendezvous {
             bind: SocketAddr::new(ip, 0),
             host: host_name(),
             runtime,
+            heartbeat: Some(DEFAULT_HEARTBEAT),
         })
     }
 
     /// From `DROVE_COORDINATOR`, `DROVE_RUN_ID`, `DROVE_WORLD_SIZE`, and the
     /// optional `DROVE_RANK` (or a Kubernetes Indexed Job's
     /// `JOB_COMPLETION_INDEX`; see [`launch_vars`](crate::launch_vars)),
-    /// `DROVE_TOKEN` and `DROVE_BIND` (the data-plane
-    /// listen address; by default the address that routes to the coordinator).
+    /// `DROVE_TOKEN`, `DROVE_BIND` (the data-plane listen address; by default
+    /// the address that routes to the coordinator) and `DROVE_HEARTBEAT_SECS`
+    /// (how often the joined rank says it is alive; 0: never; default 2).
     pub fn from_env() -> Result<Self, CommError> {
         let var = |name: &str| std::env::var(name).map_err(|_| rendezvous_err(format!("{name} is not set")));
         let addr = var("DROVE_COORDINATOR")?;
@@ -100,6 +106,20 @@ impl CoordinatorRendezvous {
         let (world, rank) = crate::rendezvous::launch_env()?;
         let token = std::env::var("DROVE_TOKEN").ok();
         let mut rv = Self::new(&addr, &run_id, world, rank, token.as_deref())?;
+        if let Ok(v) = std::env::var("DROVE_HEARTBEAT_SECS") {
+            let secs: f64 = v.trim().parse().map_err(|_| {
+                rendezvous_err(format!("DROVE_HEARTBEAT_SECS={v:?} is not a number of seconds"))
+            })?;
+            rv.heartbeat = match secs {
+                s if s == 0.0 => None,
+                s if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+                _ => {
+                    return Err(rendezvous_err(format!(
+                        "DROVE_HEARTBEAT_SECS={v:?} must be a finite number of seconds of at least 0 (0: no heartbeats)"
+                    )));
+                }
+            };
+        }
         if let Ok(bind) = std::env::var("DROVE_BIND") {
             rv.bind =
                 bind.parse().map_err(|_| rendezvous_err(format!("DROVE_BIND={bind:?} is not an address")))?;
@@ -124,6 +144,47 @@ impl CoordinatorRendezvous {
     }
 }
 
+/// How often a joined rank sends a heartbeat by default.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// Sends a heartbeat for `rank` every `every` for as long as the process
+/// lives (a stopped or hung process stops sending, which is the point); a
+/// coordinator that is away is tried again at the next beat.
+fn spawn_heartbeats(addr: String, token: Option<String>, run_id: String, rank: usize, every: Duration) {
+    let beat = move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+        runtime.block_on(async {
+            let mut clients: Option<Clients> = None;
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let call = async {
+                    if clients.is_none() {
+                        clients =
+                            Some(Clients::connect(&addr, token.as_deref()).await.map_err(|e| e.to_string())?);
+                    }
+                    let c = clients.as_mut().expect("connected above");
+                    let request =
+                        HeartbeatRequest { run_id: run_id.clone(), rank: rank as i32, observer: false };
+                    c.rendezvous.heartbeat(request).await.map_err(|s| s.message().to_string())
+                };
+                match tokio::time::timeout(every.max(Duration::from_secs(1)) * 2, call).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!("heartbeat to {addr} failed: {e}");
+                        clients = None;
+                    }
+                    Err(_) => clients = None,
+                }
+            }
+        });
+    };
+    if let Err(e) = std::thread::Builder::new().name("drove-heartbeat".into()).spawn(beat) {
+        tracing::warn!("cannot start the heartbeat thread ({e}): this rank cannot be watched for hangs");
+    }
+}
+
 impl Rendezvous for CoordinatorRendezvous {
     fn world_size(&self) -> usize {
         self.world
@@ -143,7 +204,7 @@ impl Rendezvous for CoordinatorRendezvous {
             listening
         };
         let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        self.runtime.block_on(async {
+        let table = self.runtime.block_on(async {
             let mut c = Clients::connect(&self.addr, self.token.as_deref()).await.map_err(rendezvous_err)?;
             let resp = c
                 .rendezvous
@@ -170,164 +231,10 @@ impl Rendezvous for CoordinatorRendezvous {
                 })
                 .collect::<Result<Vec<SocketAddr>, _>>()?;
             Ok(PeerTable { rank: resp.rank as usize, addrs })
-        })
-    }
-}
-
-/// Records metric points on a coordinator from synchronous code: points are
-/// buffered and pushed in batches by a background thread; `flush` waits until
-/// every point recorded so far is acknowledged (stored).
-pub struct MetricsRecorder {
-    tx: Option<std::sync::mpsc::Sender<Command>>,
-    worker: Option<std::thread::JoinHandle<()>>,
-    run_id: String,
-    rank: i32,
-}
-
-enum Command {
-    Point(MetricPoint),
-    Flush(std::sync::mpsc::Sender<Result<u64, String>>),
-}
-
-impl MetricsRecorder {
-    /// A recorder for `rank` of `run_id` on the coordinator at `addr`.
-    pub fn new(addr: &str, token: Option<&str>, run_id: &str, rank: usize) -> Result<Self, CommError> {
-        let (tx, rx) = std::sync::mpsc::channel::<Command>();
-        let (addr, token) = (addr.to_string(), token.map(str::to_string));
-        let worker = std::thread::Builder::new()
-            .name("drove-metrics".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                    Ok(r) => r,
-                    Err(e) => {
-                        for cmd in rx {
-                            if let Command::Flush(reply) = cmd {
-                                let _ = reply.send(Err(format!("cannot start a runtime: {e}")));
-                            }
-                        }
-                        return;
-                    }
-                };
-                push_loop(&runtime, addr, token, rx);
-            })
-            .map_err(|e| CommError::io("starting the metrics thread", e))?;
-        Ok(MetricsRecorder {
-            tx: Some(tx),
-            worker: Some(worker),
-            run_id: run_id.to_string(),
-            rank: rank as i32,
-        })
-    }
-
-    /// Records `name = value` at `step`.
-    pub fn record(&self, step: f64, name: &str, value: f64) {
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let point = MetricPoint {
-            run_id: self.run_id.clone(),
-            rank: self.rank,
-            step,
-            name: name.to_string(),
-            value,
-            wall_time_unix_ms: wall,
-        };
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(Command::Point(point));
+        })?;
+        if let Some(every) = self.heartbeat {
+            spawn_heartbeats(self.addr.clone(), self.token.clone(), self.run_id.clone(), table.rank, every);
         }
+        Ok(table)
     }
-
-    /// Waits until every point recorded so far is stored; returns how many were.
-    pub fn flush(&self) -> Result<u64, CommError> {
-        let (reply, answer) = std::sync::mpsc::channel();
-        self.tx
-            .as_ref()
-            .and_then(|tx| tx.send(Command::Flush(reply)).ok())
-            .ok_or_else(|| rendezvous_err("the metrics thread stopped"))?;
-        answer
-            .recv_timeout(PUSH_TIMEOUT * 2)
-            .map_err(|_| {
-                rendezvous_err(format!(
-                    "the coordinator did not acknowledge the metrics within {:?}",
-                    PUSH_TIMEOUT * 2
-                ))
-            })?
-            .map_err(rendezvous_err)
-    }
-}
-
-impl Drop for MetricsRecorder {
-    fn drop(&mut self) {
-        let flushed = self.flush();
-        self.tx.take();
-        match flushed {
-            Ok(_) => {
-                if let Some(w) = self.worker.take() {
-                    let _ = w.join();
-                }
-            }
-            // The thread may still be inside a push: leave it, bounded by PUSH_TIMEOUT.
-            Err(e) => tracing::warn!("metrics not stored: {e}"),
-        }
-    }
-}
-
-/// How long one batch of metric points may take to be stored.
-const PUSH_TIMEOUT: Duration = Duration::from_secs(20);
-
-fn push_loop(
-    runtime: &tokio::runtime::Runtime,
-    addr: String,
-    token: Option<String>,
-    rx: std::sync::mpsc::Receiver<Command>,
-) {
-    let mut stored_total = 0u64;
-    let mut error: Option<String> = None;
-    let mut pending: Vec<MetricPoint> = Vec::new();
-    // Block for the next command, then take everything queued behind it as one batch.
-    while let Ok(first) = rx.recv() {
-        let mut flushes = Vec::new();
-        for cmd in std::iter::once(first).chain(rx.try_iter()) {
-            match cmd {
-                Command::Point(p) => pending.push(p),
-                Command::Flush(reply) => flushes.push(reply),
-            }
-        }
-        if !pending.is_empty() && error.is_none() {
-            let batch = std::mem::take(&mut pending);
-            let n = batch.len() as u64;
-            // Bounded: a coordinator cut off mid-stream must not hold the rank.
-            let push = async {
-                tokio::time::timeout(PUSH_TIMEOUT, push_batch(&addr, token.as_deref(), batch)).await
-            };
-            match runtime.block_on(push) {
-                Ok(Ok(())) => stored_total += n,
-                Ok(Err(e)) => error = Some(e),
-                Err(_) => {
-                    error = Some(format!("the coordinator did not store a batch within {PUSH_TIMEOUT:?}"))
-                }
-            }
-        }
-        for reply in flushes {
-            let _ = reply.send(match &error {
-                Some(e) => Err(e.clone()),
-                None => Ok(stored_total),
-            });
-        }
-    }
-}
-
-async fn push_batch(addr: &str, token: Option<&str>, batch: Vec<MetricPoint>) -> Result<(), String> {
-    let mut c = Clients::connect(addr, token).await.map_err(|e| e.to_string())?;
-    let n = batch.len() as u64;
-    let stream = tonic::codegen::tokio_stream::iter(vec![PushRequest { points: batch }]);
-    let mut acks = c.metrics.push(stream).await.map_err(|s| s.message().to_string())?.into_inner();
-    let mut stored = 0;
-    while let Some(ack) = acks.message().await.map_err(|s| s.message().to_string())? {
-        stored = ack.stored;
-    }
-    if stored != n {
-        return Err(format!("the coordinator stored {stored} of {n} points"));
-    }
-    Ok(())
 }

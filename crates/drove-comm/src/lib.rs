@@ -50,7 +50,7 @@ pub use comm::{
     Collective, CommOptions, Communicator, Gathered, Pending, ReduceOptions, SingleProcess, Transport,
 };
 #[cfg(feature = "coordinator")]
-pub use coordinator::{CoordinatorRendezvous, MetricsRecorder};
+pub use coordinator::CoordinatorRendezvous;
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use error::CommError;
 pub use half::{bf16, f16};

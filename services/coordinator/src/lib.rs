@@ -71,6 +71,9 @@ pub struct Config {
     pub join_timeout_ms: u64,
     /// Largest blob chunk accepted, in bytes.
     pub max_chunk_bytes: usize,
+    /// A rank of a running run that has sent heartbeats and then sends none for
+    /// this long fails the run (hung or stopped), in milliseconds.
+    pub heartbeat_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -83,6 +86,7 @@ impl Default for Config {
             tls_key: None,
             join_timeout_ms: 60_000,
             max_chunk_bytes: 4 << 20,
+            heartbeat_timeout_ms: 30_000,
         }
     }
 }
@@ -108,11 +112,22 @@ pub struct Overrides {
     /// `--join-timeout-ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub join_timeout_ms: Option<u64>,
+    /// `--heartbeat-timeout-ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout_ms: Option<u64>,
 }
 
 /// Environment variables read, after the `DROVE_` prefix.
-const ENV_KEYS: &[&str] =
-    &["listen", "store", "token", "tls_cert", "tls_key", "join_timeout_ms", "max_chunk_bytes"];
+const ENV_KEYS: &[&str] = &[
+    "listen",
+    "store",
+    "token",
+    "tls_cert",
+    "tls_key",
+    "join_timeout_ms",
+    "max_chunk_bytes",
+    "heartbeat_timeout_ms",
+];
 
 impl Config {
     /// Defaults < `file` (TOML, if given) < `DROVE_*` environment < `flags`.
@@ -179,6 +194,16 @@ pub struct Server {
     closing: tokio::sync::watch::Sender<bool>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    _watchdog: AbortOnDrop,
+}
+
+/// A background task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Server {
@@ -219,10 +244,11 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
     let auth = Auth(config.token.as_deref().map(Arc::from));
     let max_message = config.max_chunk_bytes + (1 << 20);
 
-    let rendezvous = RendezvousServer::new(RendezvousService::new(
-        store.clone(),
-        Duration::from_millis(config.join_timeout_ms),
-    ));
+    let rendezvous_service =
+        RendezvousService::new(store.clone(), Duration::from_millis(config.join_timeout_ms))?;
+    let watchdog =
+        watch_heartbeats(rendezvous_service.clone(), Duration::from_millis(config.heartbeat_timeout_ms));
+    let rendezvous = RendezvousServer::new(rendezvous_service);
     let weights = WeightsServer::new(WeightsService::new(store.clone(), config.max_chunk_bytes))
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
@@ -278,7 +304,22 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
             .await
     });
     tracing::info!(%addr, store = %config.store.display(), auth = config.token.is_some(), "coordinator serving");
-    Ok(Server { addr, closing, shutdown: Some(tx), task })
+    Ok(Server { addr, closing, shutdown: Some(tx), task, _watchdog: AbortOnDrop(watchdog) })
+}
+
+/// Checks the running runs' heartbeats every tenth of `timeout` (at most
+/// every second), failing runs whose ranks fell silent.
+fn watch_heartbeats(service: RendezvousService, timeout: Duration) -> tokio::task::JoinHandle<()> {
+    let period = (timeout / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let service = service.clone();
+            let _ = tokio::task::spawn_blocking(move || service.fail_silent_ranks(timeout)).await;
+        }
+    })
 }
 
 /// Command-line flags of `drove-coordinator` and `drove coordinator`.
@@ -305,6 +346,10 @@ pub struct Flags {
     /// Default time a join waits for its world, in milliseconds.
     #[arg(long)]
     pub join_timeout_ms: Option<u64>,
+    /// A rank that sent heartbeats and then none for this long fails its run
+    /// (hung or stopped), in milliseconds [default: 30000].
+    #[arg(long)]
+    pub heartbeat_timeout_ms: Option<u64>,
 }
 
 impl Flags {
@@ -317,6 +362,7 @@ impl Flags {
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
             join_timeout_ms: self.join_timeout_ms,
+            heartbeat_timeout_ms: self.heartbeat_timeout_ms,
         };
         Config::load(self.config.as_deref(), &overrides)
     }

@@ -109,7 +109,7 @@ impl Metrics for MetricsService {
         let store = self.store.clone();
         let new_points = self.new_points.clone();
         tokio::spawn(async move {
-            let mut stored = 0u64;
+            let (mut stored, mut duplicates) = (0u64, 0u64);
             while let Some(batch) = input.next().await {
                 let batch = match batch {
                     Ok(b) => b,
@@ -119,7 +119,7 @@ impl Metrics for MetricsService {
                     }
                 };
                 let arrival = now_ms();
-                let points =
+                let points: Vec<_> =
                     match batch.points.iter().enumerate().map(|(i, p)| to_point(p, i, arrival)).collect() {
                         Ok(points) => points,
                         Err(status) => {
@@ -127,6 +127,7 @@ impl Metrics for MetricsService {
                             return;
                         }
                     };
+                let sent = points.len() as u64;
                 let store = store.clone();
                 let feed = new_points.clone();
                 let result = tokio::task::spawn_blocking(move || {
@@ -148,8 +149,9 @@ impl Metrics for MetricsService {
                         return;
                     }
                 };
-                stored += points.len() as u64;
-                if tx.send(Ok(PushAck { stored })).await.is_err() {
+                stored += sent;
+                duplicates += sent - points.len() as u64;
+                if tx.send(Ok(PushAck { stored, duplicates })).await.is_err() {
                     return;
                 }
             }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use drove_proto::v1::rendezvous_server::Rendezvous;
 use drove_proto::v1::{
@@ -13,8 +13,8 @@ use drove_proto::v1::{
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::store::Store;
-use crate::validate::{check_run_id, internal};
+use crate::store::{Store, StoreError};
+use crate::validate::{check_run_id, check_world_size, internal};
 
 #[derive(Clone, Debug)]
 struct Member {
@@ -32,6 +32,11 @@ struct Run {
     failed: bool,
     kv: HashMap<String, Vec<u8>>,
     kv_changed: watch::Sender<u64>,
+    /// Each rank's last heartbeat (none before its first, nor after a restart
+    /// until it sends one again: only ranks that send heartbeats can hang).
+    heartbeats: Vec<Option<Instant>>,
+    /// Why the run failed, when the coordinator found out itself.
+    error: String,
 }
 
 impl Run {
@@ -45,6 +50,8 @@ impl Run {
             failed: false,
             kv: HashMap::new(),
             kv_changed: watch::channel(0).0,
+            heartbeats: vec![None; world_size],
+            error: String::new(),
         }
     }
 
@@ -84,10 +91,26 @@ pub struct RendezvousService {
 }
 
 impl RendezvousService {
-    /// A service persisting run states in `store`; joins wait `default_timeout`
-    /// unless the request says otherwise.
-    pub fn new(store: Store, default_timeout: Duration) -> Self {
-        RendezvousService { runs: Arc::new(Mutex::new(HashMap::new())), store, default_timeout }
+    /// A service persisting runs and their workers in `store`, resuming the
+    /// runs that had not ended when the store was last used (a restarted
+    /// coordinator); joins wait `default_timeout` unless the request says
+    /// otherwise.
+    pub fn new(store: Store, default_timeout: Duration) -> Result<Self, StoreError> {
+        let mut runs = HashMap::new();
+        for live in store.live_runs()? {
+            let world = live.world_size.max(0) as usize;
+            let mut run = Run::new(world);
+            for m in live.members.iter().filter(|m| (m.rank as usize) < world && m.rank >= 0) {
+                let r = m.rank as usize;
+                run.members[r] = Some(Member { address: m.address.clone(), host: m.host.clone() });
+                run.left[r] = m.left;
+                run.failed |= !m.error.is_empty();
+            }
+            run.state = if live.state == "running" { "running" } else { "rendezvous" };
+            tracing::info!(run = %live.run_id, state = run.state, world, joined = run.joined(), "resumed a run from the store");
+            runs.insert(live.run_id, run);
+        }
+        Ok(RendezvousService { runs: Arc::new(Mutex::new(runs)), store, default_timeout })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Run>> {
@@ -108,17 +131,48 @@ impl RendezvousService {
     }
 }
 
+impl RendezvousService {
+    /// Fails every running run with a rank that sent heartbeats and then none
+    /// for `timeout`, naming the rank and its host; returns those runs.
+    pub fn fail_silent_ranks(&self, timeout: Duration) -> Vec<(String, String)> {
+        let mut failed = Vec::new();
+        {
+            let mut runs = self.lock();
+            for (run_id, run) in runs.iter_mut().filter(|(_, r)| r.state == "running") {
+                let silent = (0..run.world_size)
+                    .find(|&r| !run.left[r] && run.heartbeats[r].is_some_and(|at| at.elapsed() >= timeout));
+                if let Some(r) = silent {
+                    let host = run.members[r].as_ref().map_or("?", |m| m.host.as_str());
+                    let since = run.heartbeats[r].map_or(Duration::ZERO, |at| at.elapsed());
+                    run.error = format!(
+                        "rank {r} on host {host} sent no heartbeat for {:.1} s (hung or stopped; the limit is {:.1} s)",
+                        since.as_secs_f64(),
+                        timeout.as_secs_f64()
+                    );
+                    run.state = "failed";
+                    run.failed = true;
+                    tracing::warn!(run = %run_id, "{}", run.error);
+                    failed.push((run_id.clone(), run.error.clone(), r, run.world_size, run.joined()));
+                }
+            }
+        }
+        failed
+            .into_iter()
+            .map(|(run_id, error, rank, world, joined)| {
+                let _ = self.store.member_left(&run_id, rank as i32, &error);
+                let _ = self.persist(&run_id, "failed", world, joined);
+                (run_id, error)
+            })
+            .collect()
+    }
+}
+
 #[tonic::async_trait]
 impl Rendezvous for RendezvousService {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let req = request.into_inner();
         check_run_id(&req.run_id, "run_id")?;
-        if req.world_size <= 0 {
-            return Err(Status::invalid_argument(format!(
-                "world_size must be at least 1, found {}",
-                req.world_size
-            )));
-        }
+        check_world_size(req.world_size, "world_size")?;
         if req.address.is_empty() {
             return Err(Status::invalid_argument(
                 "address must be the worker's data-plane host:port, found empty",
@@ -137,11 +191,13 @@ impl Rendezvous for RendezvousService {
             Duration::from_millis(req.timeout_ms as u64)
         };
         let member = Member { address: req.address.clone(), host: req.host.clone() };
-        let (rank, mut changed, persist) = {
+        let (rank, mut changed, persist, fresh) = {
             let mut runs = self.lock();
+            let mut fresh = !runs.contains_key(&req.run_id);
             let run = runs.entry(req.run_id.clone()).or_insert_with(|| Run::new(world));
             if matches!(run.state, "finished" | "failed") {
                 *run = Run::new(world); // a finished run id may rendezvous again (a resumed job)
+                fresh = true;
             }
             if run.world_size != world {
                 return Err(Status::invalid_argument(format!(
@@ -167,14 +223,18 @@ impl Rendezvous for RendezvousService {
             } else {
                 run.members.iter().position(Option::is_none).expect("a free rank in a run that is not full")
             };
-            run.members[rank] = Some(member);
+            run.members[rank] = Some(member.clone());
             let joined = run.joined();
             if joined == world {
                 run.state = "running";
             }
             run.changed.send_modify(|v| *v += 1);
-            (rank, run.changed.subscribe(), (run.state, joined))
+            (rank, run.changed.subscribe(), (run.state, joined), fresh)
         };
+        if fresh {
+            self.store.remove_members(&req.run_id, None).map_err(internal)?;
+        }
+        self.store.put_member(&req.run_id, rank as i32, &member.address, &member.host).map_err(internal)?;
         self.persist(&req.run_id, persist.0, world, persist.1)?;
         let wait = async {
             loop {
@@ -211,6 +271,7 @@ impl Rendezvous for RendezvousService {
                     let ranks: Vec<usize> = (0..world).filter(|&r| run.members[r].is_some()).collect();
                     (run.joined(), ranks)
                 };
+                let _ = self.store.remove_members(&req.run_id, Some(rank as i32));
                 let _ = self.persist(&req.run_id, "rendezvous", world, joined);
                 Err(Status::deadline_exceeded(format!(
                     "run {:?}: the world did not fill within {:.1?}: only {} of {world} workers joined (ranks {:?} still waiting besides this one)",
@@ -229,11 +290,21 @@ impl Rendezvous for RendezvousService {
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let req = request.into_inner();
         check_run_id(&req.run_id, "run_id")?;
-        let runs = self.lock();
-        let run =
-            runs.get(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
-        Self::rank_of(req.rank, run.world_size, "rank")?;
-        Ok(Response::new(HeartbeatResponse { state: run.state.to_string() }))
+        let response = {
+            let mut runs = self.lock();
+            let run = runs
+                .get_mut(&req.run_id)
+                .ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+            if !req.observer {
+                let rank = Self::rank_of(req.rank, run.world_size, "rank")?;
+                run.heartbeats[rank] = Some(Instant::now());
+            }
+            HeartbeatResponse { state: run.state.to_string(), error: run.error.clone() }
+        };
+        if !req.observer {
+            self.store.heartbeat(&req.run_id, req.rank, crate::store::now_ms()).map_err(internal)?;
+        }
+        Ok(Response::new(response))
     }
 
     async fn leave(&self, request: Request<LeaveRequest>) -> Result<Response<LeaveResponse>, Status> {
@@ -262,6 +333,7 @@ impl Rendezvous for RendezvousService {
             }
             (run.state, run.world_size, run.joined())
         };
+        self.store.member_left(&req.run_id, req.rank, &req.error).map_err(internal)?;
         self.persist(&req.run_id, state, world, joined)?;
         Ok(Response::new(LeaveResponse {}))
     }

@@ -67,6 +67,38 @@ pub struct RunRow {
     pub updated_ms: i64,
 }
 
+/// A worker of a run as stored: who it is, when it was last heard of, and
+/// whether (and how) it left.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberRow {
+    /// Its rank.
+    pub rank: i32,
+    /// Its data-plane address.
+    pub address: String,
+    /// Its host.
+    pub host: String,
+    /// Its last join or heartbeat, Unix milliseconds.
+    pub heartbeat_ms: i64,
+    /// Whether it has left.
+    pub left: bool,
+    /// Why it failed (empty: it did not).
+    pub error: String,
+}
+
+/// A run that has not ended, with its workers: what a restarted coordinator
+/// resumes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveRun {
+    /// Run.
+    pub run_id: String,
+    /// `rendezvous` or `running`.
+    pub state: String,
+    /// Expected workers.
+    pub world_size: i32,
+    /// The workers that joined.
+    pub members: Vec<MemberRow>,
+}
+
 /// A blob's metadata.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlobRow {
@@ -182,6 +214,14 @@ impl Store {
                  id INTEGER PRIMARY KEY, series INTEGER NOT NULL REFERENCES series(id), rank INTEGER NOT NULL,
                  step REAL NOT NULL, value REAL NOT NULL, wall_ms INTEGER NOT NULL);
              CREATE INDEX IF NOT EXISTS points_by_series ON points(series, step);
+             -- One point per (series, rank, step): a resent point is not stored twice.
+             -- Stores from before this index may hold duplicates: keep the first.
+             DELETE FROM points WHERE id NOT IN (SELECT MIN(id) FROM points GROUP BY series, rank, step);
+             CREATE UNIQUE INDEX IF NOT EXISTS points_once ON points(series, rank, step);
+             CREATE TABLE IF NOT EXISTS members(
+                 run_id TEXT NOT NULL, rank INTEGER NOT NULL, address TEXT NOT NULL, host TEXT NOT NULL,
+                 heartbeat_ms INTEGER NOT NULL, left_run INTEGER NOT NULL DEFAULT 0,
+                 error TEXT NOT NULL DEFAULT '', PRIMARY KEY(run_id, rank));
              CREATE TABLE IF NOT EXISTS blobs(
                  name TEXT PRIMARY KEY, size INTEGER NOT NULL, sha256 TEXT NOT NULL, created_ms INTEGER NOT NULL);",
         )
@@ -237,7 +277,9 @@ impl Store {
         Ok(())
     }
 
-    /// Stores a batch of points in one transaction; returns them with their ids.
+    /// Stores a batch of points in one transaction; returns those stored, with
+    /// their ids (a point whose run, rank, name and step the store holds
+    /// already is left out: it is not stored twice).
     pub fn insert_points(&self, points: Vec<Point>) -> Result<Vec<Point>, StoreError> {
         self.insert_points_then(points, |_| {})
     }
@@ -253,7 +295,7 @@ impl Store {
         let mut guard = self.lock();
         let db = &mut *guard;
         let tx = db.conn.transaction().map_err(self.sql())?;
-        let mut out = points;
+        let out = points;
         // Series ids, created on first sight.
         let mut ids = Vec::with_capacity(out.len());
         for p in &out {
@@ -279,12 +321,17 @@ impl Store {
             };
             ids.push(id);
         }
+        // Rows that a point of the same (series, rank, step) holds already are
+        // skipped; RETURNING names the rows inserted.
+        let mut inserted: HashMap<(i64, i32, u64), i64> = HashMap::with_capacity(out.len());
         {
             let sql = |n: usize| {
                 let values = vec!["(?, ?, ?, ?, ?)"; n].join(", ");
-                format!("INSERT INTO points(series, rank, step, value, wall_ms) VALUES {values}")
+                format!(
+                    "INSERT INTO points(series, rank, step, value, wall_ms) VALUES {values}
+                     ON CONFLICT(series, rank, step) DO NOTHING RETURNING id, series, rank, step"
+                )
             };
-            let mut full = tx.prepare_cached(&sql(ROWS)).map_err(self.sql())?;
             let mut start = 0;
             while start < out.len() {
                 let n = (out.len() - start).min(ROWS);
@@ -292,22 +339,31 @@ impl Store {
                 let args = rows.iter().zip(&ids[start..start + n]).flat_map(
                     |(p, id)| -> [&dyn rusqlite::ToSql; 5] { [id, &p.rank, &p.step, &p.value, &p.wall_ms] },
                 );
-                if n == ROWS {
-                    full.execute(rusqlite::params_from_iter(args)).map_err(self.sql())?;
-                } else {
-                    tx.prepare_cached(&sql(n))
-                        .map_err(self.sql())?
-                        .execute(rusqlite::params_from_iter(args))
-                        .map_err(self.sql())?;
-                }
-                // Rows of one statement get consecutive ids ending at the last one.
-                let last = tx.last_insert_rowid();
-                for (k, p) in out[start..start + n].iter_mut().enumerate() {
-                    p.id = last - (n - 1 - k) as i64;
+                let mut stmt = tx.prepare_cached(&sql(n)).map_err(self.sql())?;
+                let mut returned = stmt.query(rusqlite::params_from_iter(args)).map_err(self.sql())?;
+                while let Some(row) = returned.next().map_err(self.sql())? {
+                    let (id, series, rank, step): (i64, i64, i32, f64) = (
+                        row.get(0).map_err(self.sql())?,
+                        row.get(1).map_err(self.sql())?,
+                        row.get(2).map_err(self.sql())?,
+                        row.get(3).map_err(self.sql())?,
+                    );
+                    inserted.insert((series, rank, step.to_bits()), id);
                 }
                 start += n;
             }
         }
+        // The points inserted, with their ids, in id order; the first of
+        // several equal points in one batch is the one stored.
+        let mut out: Vec<Point> = out
+            .into_iter()
+            .zip(ids)
+            .filter_map(|(mut p, series)| {
+                p.id = inserted.remove(&(series, p.rank, p.step.to_bits()))?;
+                Some(p)
+            })
+            .collect();
+        out.sort_unstable_by_key(|p| p.id);
         tx.commit().map_err(self.sql())?;
         committed(&out);
         Ok(out)
@@ -397,6 +453,96 @@ impl Store {
     /// The largest point id so far (0 if none).
     pub fn max_point_id(&self) -> Result<i64, StoreError> {
         self.lock().query_row("SELECT COALESCE(MAX(id), 0) FROM points", [], |r| r.get(0)).map_err(self.sql())
+    }
+
+    /// Records that `rank` joined `run_id` (replacing an earlier worker of that rank).
+    pub fn put_member(&self, run_id: &str, rank: i32, address: &str, host: &str) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "INSERT OR REPLACE INTO members(run_id, rank, address, host, heartbeat_ms, left_run, error)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 0, '')",
+                params![run_id, rank, address, host, now_ms()],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Forgets `rank` of `run_id` (a join that timed out), or every worker of
+    /// the run when `rank` is `None` (a run id starting over).
+    pub fn remove_members(&self, run_id: &str, rank: Option<i32>) -> Result<(), StoreError> {
+        let conn = self.lock();
+        match rank {
+            Some(r) => {
+                conn.execute("DELETE FROM members WHERE run_id = ?1 AND rank = ?2", params![run_id, r])
+            }
+            None => conn.execute("DELETE FROM members WHERE run_id = ?1", params![run_id]),
+        }
+        .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Records a heartbeat of `rank` of `run_id` at `at_ms`.
+    pub fn heartbeat(&self, run_id: &str, rank: i32, at_ms: i64) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "UPDATE members SET heartbeat_ms = ?3 WHERE run_id = ?1 AND rank = ?2",
+                params![run_id, rank, at_ms],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Records that `rank` of `run_id` left, with `error` if it failed.
+    pub fn member_left(&self, run_id: &str, rank: i32, error: &str) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "UPDATE members SET left_run = 1, error = ?3 WHERE run_id = ?1 AND rank = ?2",
+                params![run_id, rank, error],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// The runs that have not ended (`rendezvous` or `running`), with their workers.
+    pub fn live_runs(&self) -> Result<Vec<LiveRun>, StoreError> {
+        let conn = self.lock();
+        let mut runs: Vec<LiveRun> = conn
+            .prepare("SELECT run_id, state, world_size FROM runs WHERE state IN ('rendezvous', 'running')")
+            .map_err(self.sql())?
+            .query_map([], |r| {
+                Ok(LiveRun {
+                    run_id: r.get(0)?,
+                    state: r.get(1)?,
+                    world_size: r.get(2)?,
+                    members: Vec::new(),
+                })
+            })
+            .map_err(self.sql())?
+            .collect::<Result<_, _>>()
+            .map_err(self.sql())?;
+        let mut stmt = conn
+            .prepare(
+                "SELECT rank, address, host, heartbeat_ms, left_run, error FROM members
+                  WHERE run_id = ?1 ORDER BY rank",
+            )
+            .map_err(self.sql())?;
+        for run in &mut runs {
+            run.members = stmt
+                .query_map([&run.run_id], |r| {
+                    Ok(MemberRow {
+                        rank: r.get(0)?,
+                        address: r.get(1)?,
+                        host: r.get(2)?,
+                        heartbeat_ms: r.get(3)?,
+                        left: r.get::<_, i64>(4)? != 0,
+                        error: r.get(5)?,
+                    })
+                })
+                .map_err(self.sql())?
+                .collect::<Result<_, _>>()
+                .map_err(self.sql())?;
+        }
+        Ok(runs)
     }
 
     /// Every run: those that joined, and those that only recorded points.

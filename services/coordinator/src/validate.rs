@@ -16,6 +16,20 @@ pub fn check_run_id(run_id: &str, field: &str) -> Result<(), Status> {
     Ok(())
 }
 
+/// The most workers a run may have: a run's tables are sized by its world size
+/// when the first worker joins, so a larger one is refused rather than allocated.
+pub const MAX_WORLD_SIZE: i32 = 1 << 16;
+
+/// A world size must be 1 to [`MAX_WORLD_SIZE`].
+pub fn check_world_size(world_size: i32, field: &str) -> Result<(), Status> {
+    if !(1..=MAX_WORLD_SIZE).contains(&world_size) {
+        return Err(Status::invalid_argument(format!(
+            "{field} must be 1 to {MAX_WORLD_SIZE}, found {world_size}"
+        )));
+    }
+    Ok(())
+}
+
 /// A store failure, reported without leaking internals beyond the message.
 pub fn internal(e: impl std::fmt::Display) -> Status {
     tracing::error!("{e}");

@@ -3,11 +3,14 @@
 #![allow(dead_code)] // each test file uses its own part
 
 use std::collections::HashMap;
+use std::io::{BufRead as _, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::sync::mpsc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
+use std::time::Instant;
 
 pub const DROVE: &str = env!("CARGO_BIN_EXE_drove");
 pub const DEADLINE: Duration = Duration::from_secs(600);
@@ -105,4 +108,134 @@ pub fn assets() -> &'static PathBuf {
         );
         dir
     })
+}
+
+/// A process with its stdout and stderr read line by line; killed on drop
+/// unless it was seen to exit.
+pub struct Proc {
+    what: String,
+    /// The process id.
+    pub pid: i32,
+    status: Receiver<ExitStatus>,
+    stdout: Receiver<String>,
+    /// Its stderr, line by line, as it comes.
+    pub stderr: Receiver<String>,
+    out: Vec<String>,
+    /// The stderr lines taken so far.
+    pub err: Vec<String>,
+    exited: bool,
+}
+
+pub fn lines_of(source: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(source).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+impl Proc {
+    pub fn spawn(cmd: &mut Command) -> Proc {
+        let what = format!("{cmd:?}");
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+        let stdout = lines_of(child.stdout.take().unwrap());
+        let stderr = lines_of(child.stderr.take().unwrap());
+        let pid = child.id() as i32;
+        let (tx, status) = mpsc::channel();
+        std::thread::spawn(move || {
+            if let Ok(s) = child.wait() {
+                let _ = tx.send(s);
+            }
+        });
+        Proc { what, pid, status, stdout, stderr, out: Vec::new(), err: Vec::new(), exited: false }
+    }
+
+    /// `drove args`, logging at the default level.
+    pub fn drove(args: &[&str]) -> Proc {
+        Proc::spawn(Command::new(DROVE).args(args).env_remove("RUST_LOG"))
+    }
+
+    pub fn stderr_now(&mut self) -> String {
+        self.err.extend(self.stderr.try_iter());
+        self.err.join("\n")
+    }
+
+    /// Waits for a stdout line that satisfies `pred`, and returns it.
+    pub fn line(&mut self, within: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let until = Instant::now() + within;
+        loop {
+            match self.stdout.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(line) => {
+                    self.out.push(line.clone());
+                    if pred(&line) {
+                        return line;
+                    }
+                }
+                Err(e) => {
+                    let err = self.stderr_now();
+                    panic!(
+                        "{}: no expected line on stdout ({e:?}); stdout:\n{}\nstderr:\n{err}",
+                        self.what,
+                        self.out.join("\n"),
+                    )
+                }
+            }
+        }
+    }
+
+    /// Waits for the exit; returns the status, every stdout line and all of stderr.
+    pub fn finish(mut self, within: Duration) -> (ExitStatus, Vec<String>, String) {
+        let until = Instant::now() + within;
+        let status = match self.status.recv_timeout(within) {
+            Ok(s) => s,
+            Err(_) => {
+                let err = self.stderr_now();
+                panic!(
+                    "{} did not exit within {within:?}; stdout:\n{}\nstderr:\n{err}",
+                    self.what,
+                    self.out.join("\n"),
+                )
+            }
+        };
+        self.exited = true;
+        let drain = |rx: &Receiver<String>, into: &mut Vec<String>| {
+            loop {
+                match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                    Ok(line) => into.push(line),
+                    Err(RecvTimeoutError::Disconnected) => break,
+                    Err(RecvTimeoutError::Timeout) => panic!("its output stayed open after it exited"),
+                }
+            }
+        };
+        let (mut out, mut err) = (std::mem::take(&mut self.out), std::mem::take(&mut self.err));
+        drain(&self.stdout, &mut out);
+        drain(&self.stderr, &mut err);
+        (status, out, err.join("\n"))
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child, which has not been seen to exit.
+        assert_eq!(unsafe { libc::kill(self.pid, sig) }, 0, "signalling {}", self.what);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if !self.exited && self.status.try_recv().is_err() {
+            // SAFETY: killing our own child (a test failed before it ended).
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+            }
+        }
+    }
 }
