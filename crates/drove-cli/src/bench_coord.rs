@@ -224,6 +224,7 @@ async fn bench_rendezvous(addr: &str, workers: usize) -> anyhow::Result<Rendezvo
                         host: "bench".into(),
                         requested_rank: -1,
                         timeout_ms: 120_000,
+                        restart_count: 0,
                     })
                     .await
                     .map(tonic::Response::into_inner)

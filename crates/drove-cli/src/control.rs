@@ -379,6 +379,7 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
                     "points": r.points,
                     "created_unix_ms": r.created_unix_ms,
                     "updated_unix_ms": r.updated_unix_ms,
+                    "restarts": r.restarts,
                 })
             })
             .collect();
@@ -391,19 +392,20 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
     }
     let width = runs.iter().map(|r| r.run_id.len()).max().unwrap_or(0).max(6);
     let header = format!(
-        "{:<width$}  {:<12}  {:>5}  {:>6}  {:>10}  {:<19}  {}",
-        "run id", "state", "world", "joined", "points", "created (UTC)", "updated (UTC)"
+        "{:<width$}  {:<12}  {:>5}  {:>6}  {:>8}  {:>10}  {:<19}  {}",
+        "run id", "state", "world", "joined", "restarts", "points", "created (UTC)", "updated (UTC)"
     );
     if !emit(&header)? {
         return Ok(());
     }
     for r in &runs {
         let line = format!(
-            "{:<width$}  {:<12}  {:>5}  {:>6}  {:>10}  {:<19}  {}",
+            "{:<width$}  {:<12}  {:>5}  {:>6}  {:>8}  {:>10}  {:<19}  {}",
             r.run_id,
             r.state,
             r.world_size,
             r.joined,
+            r.restarts,
             r.points,
             utc(r.created_unix_ms),
             utc(r.updated_unix_ms)

@@ -63,6 +63,12 @@ pub struct RunArgs {
     /// Run id [default: run-MILLIS-PID, the clock in ms and the process id].
     #[arg(long, value_name = "ID", value_parser = run_id)]
     run_id: Option<String>,
+    /// Restart the whole world up to N times when a rank fails (torchrun's
+    /// --max-restarts): every rank is stopped and all start again with
+    /// DROVE_RESTART_COUNT set (`drove train ner` then resumes from its latest
+    /// checkpoint). After N restarts the run fails with the last error.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_restarts: u32,
     /// Seconds between SIGTERM and SIGKILL when stopping the ranks.
     #[arg(long, default_value_t = 10.0, value_name = "S", value_parser = parse::seconds)]
     stop_grace_secs: f64,
@@ -461,18 +467,21 @@ async fn check_run_is_free(clients: &mut Clients, run_id: &str) -> anyhow::Resul
 }
 
 /// Asks the coordinator for the run's state every second, and reports once if
-/// it failed the run with a reason (a hung rank); a coordinator that is away
-/// (restarting) is asked again at the next tick.
+/// it failed the run with a reason (a hung rank) after this attempt's world
+/// was seen running; a coordinator that is away (restarting) is asked again
+/// at the next tick.
 async fn watch_run(mut rendezvous: RendezvousClient<Authed>, run_id: String, tx: mpsc::Sender<Event>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut running = false;
     loop {
         tick.tick().await;
         let probe =
             rendezvous.heartbeat(HeartbeatRequest { run_id: run_id.clone(), rank: 0, observer: true });
         if let Ok(Ok(reply)) = tokio::time::timeout(Duration::from_secs(5), probe).await {
             let reply = reply.into_inner();
-            if reply.state == "failed" && !reply.error.is_empty() {
+            running |= reply.state == "running";
+            if running && reply.state == "failed" && !reply.error.is_empty() {
                 let _ = tx.send(Event::RunFailed(reply.error));
                 return;
             }
@@ -610,20 +619,37 @@ pub fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         env.push(("RAYON_NUM_THREADS", threads.to_string()));
     }
-    let spec = Spec {
-        np: args.np,
-        program,
-        args: program_args,
-        env,
-        grace: Duration::from_secs_f64(args.stop_grace_secs),
+    let mut restarts = 0u32;
+    let outcome = loop {
+        let mut env = env.clone();
+        env.push(("DROVE_RESTART_COUNT", restarts.to_string()));
+        let spec = Spec {
+            np: args.np,
+            program,
+            args: program_args,
+            env,
+            grace: Duration::from_secs_f64(args.stop_grace_secs),
+        };
+        let watcher = rt.spawn(watch_run(clients.rendezvous.clone(), run_id.clone(), tx.clone()));
+        let outcome = supervise(&spec, tx.clone(), &rx);
+        watcher.abort();
+        let Ok(outcome) = outcome else { break outcome };
+        rt.block_on(leave_all(&mut clients, &run_id, &outcome));
+        let why = match (&outcome.run_failed, outcome.first_failure) {
+            (Some(why), _) => why.clone(),
+            (None, Some((rank, code))) => format!("rank {rank} failed (exit code {code})"),
+            (None, None) => break Ok(outcome),
+        };
+        if outcome.interrupted.is_some() || restarts >= args.max_restarts {
+            if args.max_restarts > 0 {
+                tracing::error!("run {run_id}: giving up after {restarts} restart(s): {why}");
+            }
+            break Ok(outcome);
+        }
+        restarts += 1;
+        tracing::warn!("run {run_id}: {why}; restarting every rank ({restarts} of {})", args.max_restarts);
     };
-    let watcher = rt.spawn(watch_run(clients.rendezvous.clone(), run_id.clone(), tx.clone()));
-    let outcome = supervise(&spec, tx, &rx);
-    watcher.abort();
-
-    if let Ok(outcome) = &outcome {
-        rt.block_on(leave_all(&mut clients, &run_id, outcome));
-    }
+    drop(tx);
     drop(clients);
     if let Some((server, store)) = embedded {
         if rt

@@ -139,7 +139,8 @@ pub struct NerArgs {
     #[arg(long)]
     json: bool,
     /// Make rank --rank-to-fail kill itself with SIGKILL right after step N (a
-    /// test of failure handling and --resume).
+    /// test of failure handling, --resume and restarts; only in the first
+    /// attempt: never when DROVE_RESTART_COUNT is above 0).
     #[arg(long, value_name = "N", hide = true)]
     fail_at_step: Option<u64>,
     /// The rank that --fail-at-step kills.
@@ -353,8 +354,21 @@ fn under_launcher() -> bool {
 }
 
 /// `drove train ner`.
+/// `DROVE_RESTART_COUNT`: how many times `drove run` has restarted the world (0 if unset).
+fn restart_count() -> anyhow::Result<u32> {
+    match std::env::var("DROVE_RESTART_COUNT") {
+        Ok(v) => v.trim().parse().map_err(|_| anyhow!("DROVE_RESTART_COUNT={v:?} is not a whole number")),
+        Err(_) => Ok(0),
+    }
+}
+
 pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
-    let opts = args.options();
+    let mut opts = args.options();
+    // Restarted by `drove run --max-restarts`: go on from the latest checkpoint.
+    let restart = restart_count()?;
+    if restart > 0 && args.out.join("checkpoints").join("latest").exists() {
+        opts.resume = true;
+    }
     // Before joining the other ranks: a missing GPU fails at once.
     let gpu = gpu::open(args.device)?;
     let comm: Box<dyn Collective> = if under_launcher() {
@@ -381,7 +395,8 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
         log_every: args.log_every,
         metrics,
         started: Instant::now(),
-        fail_at: args.fail_at_step.map(|s| (s, args.rank_to_fail)),
+        // A failure to test restarts with happens in the first attempt only.
+        fail_at: args.fail_at_step.filter(|_| restart == 0).map(|s| (s, args.rank_to_fail)),
     };
     let summary = match &gpu {
         None => train_ner::<Backend>(&opts, comm.as_ref(), &mut reporter, &Default::default()),

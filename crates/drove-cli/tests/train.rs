@@ -119,7 +119,7 @@ fn micro_batches_take_the_step_of_the_whole_batch_dropout_and_all() {
 }
 
 #[test]
-fn a_rank_killed_mid_epoch_stops_the_run_and_resume_finishes_it() {
+fn a_rank_killed_mid_epoch_stops_the_run_and_resume_or_a_restart_finishes_it() {
     let dir = tempfile::tempdir().unwrap();
     let (whole, broken) = (dir.path().join("whole"), dir.path().join("broken"));
     // 64 sentences over 2 ranks of 8: 4 steps an epoch, 2 epochs, dropout on.
@@ -163,6 +163,38 @@ fn a_rank_killed_mid_epoch_stops_the_run_and_resume_finishes_it() {
     assert!((fa - fb).abs() <= 0.005, "test F1 {fb} after resuming vs {fa} uninterrupted");
     let d = relative_difference(&read_model(&whole), &read_model(&broken));
     assert!(d < 1e-5, "resumed parameters differ by {d} (relative)");
+
+    // The same failure under `drove run --max-restarts 1`: the world restarts
+    // by itself (DROVE_RESTART_COUNT=1: no failure, resume from step 6).
+    let (restarted, store) = (dir.path().join("restarted"), dir.path().join("store"));
+    let inner = train(&restarted, &kill);
+    let mut cmd = Command::new(DROVE);
+    cmd.args(["run", "--np", "2", "--max-restarts", "1", "--run-id", "restarts", "--store"])
+        .arg(&store)
+        .arg("--")
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .env("RUST_LOG", "warn");
+    let out = run(&mut cmd);
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("restarting every rank (1 of 1)"), "{log}");
+    assert!(log.contains("resumed from") && log.contains("step 6"), "{log}");
+    let c = summary(&restarted);
+    assert_eq!(c["steps"], 8);
+    let fc = c["test_f1"].as_f64().unwrap();
+    assert!((fa - fc).abs() <= 0.005, "test F1 {fc} after a restart vs {fa} uninterrupted");
+    let d = relative_difference(&read_model(&whole), &read_model(&restarted));
+    assert!(d < 1e-5, "parameters after a restart differ by {d} (relative)");
+    let out = run(Command::new(DROVE).args(["runs", "--json", "--store"]).arg(&store));
+    assert!(out.status.success(), "{}", text(&out));
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &runs["runs"][0];
+    assert_eq!(
+        (r["run_id"].as_str(), r["state"].as_str(), r["restarts"].as_u64()),
+        (Some("restarts"), Some("finished"), Some(1)),
+        "{runs}"
+    );
 }
 
 #[test]

@@ -29,6 +29,8 @@ pub struct CoordinatorRendezvous {
     /// How often this rank tells the coordinator it is alive once joined
     /// (`None`: never).
     heartbeat: Option<Duration>,
+    /// The launcher's restart count (`DROVE_RESTART_COUNT`), told at join.
+    restart_count: u32,
 }
 
 impl std::fmt::Debug for CoordinatorRendezvous {
@@ -90,6 +92,7 @@ impl CoordinatorRendezvous {
             host: host_name(),
             runtime,
             heartbeat: Some(DEFAULT_HEARTBEAT),
+            restart_count: 0,
         })
     }
 
@@ -111,7 +114,7 @@ impl CoordinatorRendezvous {
                 rendezvous_err(format!("DROVE_HEARTBEAT_SECS={v:?} is not a number of seconds"))
             })?;
             rv.heartbeat = match secs {
-                s if s == 0.0 => None,
+                0.0 => None,
                 s if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
                 _ => {
                     return Err(rendezvous_err(format!(
@@ -119,6 +122,12 @@ impl CoordinatorRendezvous {
                     )));
                 }
             };
+        }
+        if let Ok(v) = std::env::var("DROVE_RESTART_COUNT") {
+            rv.restart_count = v
+                .trim()
+                .parse()
+                .map_err(|_| rendezvous_err(format!("DROVE_RESTART_COUNT={v:?} is not a whole number")))?;
         }
         if let Ok(bind) = std::env::var("DROVE_BIND") {
             rv.bind =
@@ -215,6 +224,7 @@ impl Rendezvous for CoordinatorRendezvous {
                     host: self.host.clone(),
                     requested_rank: self.requested_rank.map_or(-1, |r| r as i32),
                     timeout_ms: timeout.as_millis() as i64,
+                    restart_count: i32::try_from(self.restart_count).unwrap_or(i32::MAX),
                 })
                 .await
                 .map_err(|s| {

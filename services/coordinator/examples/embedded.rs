@@ -28,6 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 host: "localhost".into(),
                 requested_rank: -1,
                 timeout_ms: 10_000,
+                restart_count: 0,
             };
             c.rendezvous.join(req).await.map(|r| r.into_inner())
         }));

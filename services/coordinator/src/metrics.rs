@@ -293,6 +293,7 @@ impl Metrics for MetricsService {
                 points: r.points,
                 created_unix_ms: r.created_ms,
                 updated_unix_ms: r.updated_ms,
+                restarts: r.restarts,
             })
             .collect();
         Ok(Response::new(ListRunsResponse { runs }))

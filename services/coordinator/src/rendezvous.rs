@@ -178,6 +178,12 @@ impl Rendezvous for RendezvousService {
                 "address must be the worker's data-plane host:port, found empty",
             ));
         }
+        if req.restart_count < 0 {
+            return Err(Status::invalid_argument(format!(
+                "restart_count must be >= 0, found {}",
+                req.restart_count
+            )));
+        }
         if req.timeout_ms < 0 {
             return Err(Status::invalid_argument(format!(
                 "timeout_ms must be >= 0, found {}",
@@ -236,6 +242,9 @@ impl Rendezvous for RendezvousService {
         }
         self.store.put_member(&req.run_id, rank as i32, &member.address, &member.host).map_err(internal)?;
         self.persist(&req.run_id, persist.0, world, persist.1)?;
+        if req.restart_count > 0 {
+            self.store.record_restarts(&req.run_id, req.restart_count).map_err(internal)?;
+        }
         let wait = async {
             loop {
                 {

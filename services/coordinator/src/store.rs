@@ -65,6 +65,8 @@ pub struct RunRow {
     pub created_ms: i64,
     /// Last change.
     pub updated_ms: i64,
+    /// Times the world was restarted.
+    pub restarts: i32,
 }
 
 /// A worker of a run as stored: who it is, when it was last heard of, and
@@ -226,6 +228,15 @@ impl Store {
                  name TEXT PRIMARY KEY, size INTEGER NOT NULL, sha256 TEXT NOT NULL, created_ms INTEGER NOT NULL);",
         )
         .map_err(sql)?;
+        // Stores from before restarts were counted lack the column.
+        let has_restarts: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('runs') WHERE name = 'restarts'")
+            .and_then(|mut s| s.exists([]))
+            .map_err(sql)?;
+        if !has_restarts {
+            conn.execute_batch("ALTER TABLE runs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0")
+                .map_err(sql)?;
+        }
         // Leftovers of publishes interrupted by a crash are never visible: remove them.
         if let Ok(entries) = std::fs::read_dir(&blobs) {
             for e in entries.flatten() {
@@ -455,6 +466,15 @@ impl Store {
         self.lock().query_row("SELECT COALESCE(MAX(id), 0) FROM points", [], |r| r.get(0)).map_err(self.sql())
     }
 
+    /// Records that the world of `run_id` has been restarted `count` times (the
+    /// highest count seen stays).
+    pub fn record_restarts(&self, run_id: &str, count: i32) -> Result<(), StoreError> {
+        self.lock()
+            .execute("UPDATE runs SET restarts = MAX(restarts, ?2) WHERE run_id = ?1", params![run_id, count])
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
     /// Records that `rank` joined `run_id` (replacing an earlier worker of that rank).
     pub fn put_member(&self, run_id: &str, rank: i32, address: &str, host: &str) -> Result<(), StoreError> {
         self.lock()
@@ -554,10 +574,10 @@ impl Store {
                      SELECT s.run_id, COUNT(*) n, MIN(p.wall_ms) first, MAX(p.wall_ms) last
                        FROM points p JOIN series s ON s.id = p.series GROUP BY s.run_id)
                  SELECT r.run_id, r.state, r.world_size, r.joined, COALESCE(p.n, 0), r.created_ms,
-                        MAX(r.updated_ms, COALESCE(p.last, 0))
+                        MAX(r.updated_ms, COALESCE(p.last, 0)), r.restarts
                    FROM runs r LEFT JOIN per_run p ON p.run_id = r.run_id
                  UNION ALL
-                 SELECT run_id, 'metrics-only', 0, 0, n, first, last FROM per_run
+                 SELECT run_id, 'metrics-only', 0, 0, n, first, last, 0 FROM per_run
                   WHERE run_id NOT IN (SELECT run_id FROM runs)
                  ORDER BY 6 DESC",
             )
@@ -572,6 +592,7 @@ impl Store {
                     points: r.get::<_, i64>(4)? as u64,
                     created_ms: r.get(5)?,
                     updated_ms: r.get(6)?,
+                    restarts: r.get(7)?,
                 })
             })
             .map_err(self.sql())?;

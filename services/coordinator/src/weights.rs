@@ -172,8 +172,9 @@ impl Weights for WeightsService {
             .ok_or_else(|| Status::not_found(format!("no blob named {:?}", req.name)))?;
         let chunk = match req.chunk_bytes as usize {
             0 => 1 << 20,
-            n => n.min(self.max_chunk),
-        };
+            n => n,
+        }
+        .min(self.max_chunk);
         let path = self.store.blob_path(&row.name);
         let file = std::fs::File::open(&path).map_err(internal)?;
         // Chunks are slices of a read-only map of the file: no copy on this side

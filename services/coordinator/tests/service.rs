@@ -41,6 +41,7 @@ fn join(run: &str, world: i32, i: usize, timeout_ms: i64) -> JoinRequest {
         host: if i.is_multiple_of(2) { "a".into() } else { "b".into() },
         requested_rank: -1,
         timeout_ms,
+        restart_count: 0,
     }
 }
 
