@@ -8,33 +8,69 @@ use crate::BertError;
 #[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
 pub struct BertConfig {
     /// Tokens in the vocabulary.
+    #[serde(deserialize_with = "named::vocab_size")]
     pub vocab_size: usize,
     /// Width of every hidden state.
+    #[serde(deserialize_with = "named::hidden_size")]
     pub hidden_size: usize,
     /// Encoder layers.
+    #[serde(deserialize_with = "named::num_hidden_layers")]
     pub num_hidden_layers: usize,
     /// Attention heads per layer (must divide `hidden_size`).
+    #[serde(deserialize_with = "named::num_attention_heads")]
     pub num_attention_heads: usize,
     /// Width of the feed-forward layer.
+    #[serde(deserialize_with = "named::intermediate_size")]
     pub intermediate_size: usize,
     /// Activation of the feed-forward layer; only `gelu` (exact) is supported.
-    #[serde(default = "default_act")]
+    #[serde(default = "default_act", deserialize_with = "named::hidden_act")]
     pub hidden_act: String,
     /// Dropout after embeddings, attention output and feed-forward output.
-    #[serde(default = "default_dropout")]
+    #[serde(default = "default_dropout", deserialize_with = "named::hidden_dropout_prob")]
     pub hidden_dropout_prob: f64,
     /// Dropout on attention probabilities.
-    #[serde(default = "default_dropout")]
+    #[serde(default = "default_dropout", deserialize_with = "named::attention_probs_dropout_prob")]
     pub attention_probs_dropout_prob: f64,
     /// Longest sequence the position embeddings cover.
+    #[serde(deserialize_with = "named::max_position_embeddings")]
     pub max_position_embeddings: usize,
     /// Token types (segments).
-    #[serde(default = "default_types")]
+    #[serde(default = "default_types", deserialize_with = "named::type_vocab_size")]
     pub type_vocab_size: usize,
     /// LayerNorm epsilon.
-    #[serde(default = "default_eps")]
+    #[serde(default = "default_eps", deserialize_with = "named::layer_norm_eps")]
     pub layer_norm_eps: f64,
 }
+
+/// One deserialiser per field that names the field in its errors: serde's own
+/// type errors ("invalid type: string \"x\", expected usize") name none.
+macro_rules! named_fields {
+    ($($field:ident: $ty:ty),* $(,)?) => {
+        mod named {
+            $(
+                pub(super) fn $field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
+                    <$ty as serde::Deserialize>::deserialize(d).map_err(|e| {
+                        <D::Error as serde::de::Error>::custom(format_args!("field `{}`: {e}", stringify!($field)))
+                    })
+                }
+            )*
+        }
+    };
+}
+
+named_fields!(
+    vocab_size: usize,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    hidden_act: String,
+    hidden_dropout_prob: f64,
+    attention_probs_dropout_prob: f64,
+    max_position_embeddings: usize,
+    type_vocab_size: usize,
+    layer_norm_eps: f64,
+);
 
 fn default_act() -> String {
     "gelu".into()
@@ -57,8 +93,14 @@ impl BertConfig {
             path: path.to_path_buf(),
             message: format!("cannot read: {e}"),
         })?;
-        let config: BertConfig = serde_json::from_str(&text)
-            .map_err(|e| BertError::Config { path: path.to_path_buf(), message: e.to_string() })?;
+        let err = |message: String| BertError::Config { path: path.to_path_buf(), message };
+        // Through a `Value`: syntax errors name the line and column, the others
+        // the field (and carry no position that would not point at it).
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        if !json.is_object() {
+            return Err(err(format!("expected a JSON object of fields, found {}", kind(&json))));
+        }
+        let config: BertConfig = serde_json::from_value(json).map_err(|e| err(e.to_string()))?;
         config.validate(path)?;
         Ok(config)
     }
@@ -71,6 +113,29 @@ impl BertConfig {
                 "hidden_size {} is not a multiple of num_attention_heads {}",
                 self.hidden_size, self.num_attention_heads
             ));
+        }
+        for (name, size) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+            ("type_vocab_size", self.type_vocab_size),
+        ] {
+            if size == 0 {
+                return err(format!("{name} must be at least 1, found 0"));
+            }
+        }
+        for (name, rows, cols) in [
+            ("vocab_size", self.vocab_size, self.hidden_size),
+            ("max_position_embeddings", self.max_position_embeddings, self.hidden_size),
+            ("intermediate_size", self.intermediate_size, self.hidden_size),
+        ] {
+            if rows.checked_mul(cols).is_none_or(|n| n > isize::MAX as usize / 4) {
+                return err(format!("{name} {rows} times hidden_size {cols} is too many parameters to hold"));
+            }
+        }
+        if !(self.layer_norm_eps.is_finite() && self.layer_norm_eps > 0.0) {
+            return err(format!("layer_norm_eps must be a positive number, found {}", self.layer_norm_eps));
         }
         if self.hidden_act != "gelu" {
             return err(format!("hidden_act {:?} is not supported (only \"gelu\")", self.hidden_act));
@@ -101,5 +166,17 @@ impl BertConfig {
             type_vocab_size: 2,
             layer_norm_eps: 1e-12,
         }
+    }
+}
+
+/// What a JSON value is, for messages.
+fn kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
     }
 }

@@ -42,7 +42,7 @@ use std::path::PathBuf;
 pub use config::BertConfig;
 pub use dropout::{dropout, seed_dropout, seed_dropout_rows};
 pub use gelu::gelu;
-pub use load::{LoadReport, load_safetensors};
+pub use load::{LoadReport, check_safetensors_header, load_safetensors};
 pub use model::{Bert, BertForTokenClassification, Embeddings, Layer, mask_bias};
 
 /// A model that cannot be built or loaded.

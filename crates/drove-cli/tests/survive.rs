@@ -96,6 +96,11 @@ fn a_coordinator_killed_and_restarted_mid_run_loses_and_fails_nothing() {
     // The outage under test lasts 5 s (a duration of the scenario, not a wait for anything).
     std::thread::sleep(Duration::from_secs(5));
     let _second = coordinator(port, store.path(), &[]);
+    // The restarted coordinator knows the run from its store, world and all.
+    let runs = json(&["runs", "--coordinator", &addr, "--json"]);
+    let resumed = runs["runs"].as_array().unwrap().iter().find(|r| r["run_id"] == "outage").expect("the run");
+    assert_eq!((resumed["world_size"].as_u64(), resumed["joined"].as_u64()), (Some(2), Some(2)), "{resumed}");
+    assert!(matches!(resumed["state"].as_str(), Some("running" | "finished")), "{resumed}");
     let (status, _, err) = run.finish(DEADLINE);
     assert!(status.success(), "the run failed across the outage: {err}");
     assert!(!err.contains("not delivered"), "every point was delivered in the end: {err}");

@@ -133,7 +133,7 @@ fn parse_tag(tag: &str) -> Result<Tag<'_>, String> {
 }
 
 /// Parses CoNLL text; `path` names the source in errors.
-pub fn parse_conll(reader: impl BufRead, path: impl AsRef<Path>) -> Result<Corpus, ConllError> {
+pub fn parse_conll(mut reader: impl BufRead, path: impl AsRef<Path>) -> Result<Corpus, ConllError> {
     let path = path.as_ref().to_path_buf();
     let mut sentences = Vec::new();
     let mut current = Sentence { words: Vec::new(), tags: Vec::new(), line: 0 };
@@ -145,9 +145,40 @@ pub fn parse_conll(reader: impl BufRead, path: impl AsRef<Path>) -> Result<Corpu
         }
     };
 
-    for (index, line) in reader.lines().enumerate() {
-        let number = index + 1;
-        let line = line.map_err(|source| ConllError::Io { path: path.clone(), source })?;
+    // Lines are read as bytes, so that text that is not UTF-8 is an error naming its line.
+    let mut bytes = Vec::new();
+    let mut number = 0;
+    loop {
+        bytes.clear();
+        let read = reader.read_until(b'\n', &mut bytes).map_err(|e| ConllError::Io {
+            path: path.clone(),
+            source: std::io::Error::new(e.kind(), format!("line {}: {e}", number + 1)),
+        })?;
+        if read == 0 {
+            break;
+        }
+        number += 1;
+        if bytes.last() == Some(&b'\n') {
+            bytes.pop();
+            if bytes.last() == Some(&b'\r') {
+                bytes.pop();
+            }
+        }
+        let line = match std::str::from_utf8(&bytes) {
+            Ok(line) => line,
+            Err(e) => {
+                return Err(ConllError::Malformed {
+                    path,
+                    line: number,
+                    expected: "UTF-8 text".into(),
+                    found: format!(
+                        "a byte that is not UTF-8 at byte {} of the line: {:?}",
+                        e.valid_up_to() + 1,
+                        String::from_utf8_lossy(&bytes)
+                    ),
+                });
+            }
+        };
         let mut fields = line.split_whitespace();
         let Some(word) = fields.next() else {
             flush(&mut current, &mut sentences);

@@ -51,26 +51,63 @@ fn io(path: &Path, what: &str, e: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Io { path: path.to_path_buf(), message: format!("{what}: {e}") }
 }
 
-/// Where the NER loop stands, saved beside the weights.
+/// Where the NER loop stands, saved beside the weights. Reading it from JSON
+/// names the field at fault in every error.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LoopState {
     /// Epoch of the next batch.
+    #[serde(deserialize_with = "named::epoch")]
     pub epoch: usize,
     /// Next batch within that epoch.
+    #[serde(deserialize_with = "named::batch")]
     pub batch: usize,
     /// Optimiser steps taken.
+    #[serde(deserialize_with = "named::global_step")]
     pub global_step: u64,
     /// Ranks of the run that wrote it.
+    #[serde(deserialize_with = "named::world_size")]
     pub world_size: usize,
     /// Rows per batch per rank.
+    #[serde(deserialize_with = "named::batch_size")]
     pub batch_size: usize,
     /// Base seed.
+    #[serde(deserialize_with = "named::seed")]
     pub seed: u64,
     /// Training sentences used.
+    #[serde(deserialize_with = "named::train_sentences")]
     pub train_sentences: usize,
     /// Evaluation results so far, in order.
+    #[serde(deserialize_with = "named::history")]
     pub history: Vec<serde_json::Value>,
 }
+
+/// One deserialiser per field of [`LoopState`] that names the field in its
+/// errors: serde's own type errors ("invalid type: string \"x\", expected
+/// usize") name none.
+macro_rules! named_fields {
+    ($($field:ident: $ty:ty),* $(,)?) => {
+        mod named {
+            $(
+                pub(super) fn $field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
+                    <$ty as serde::Deserialize>::deserialize(d).map_err(|e| {
+                        <D::Error as serde::de::Error>::custom(format_args!("field `{}`: {e}", stringify!($field)))
+                    })
+                }
+            )*
+        }
+    };
+}
+
+named_fields!(
+    epoch: usize,
+    batch: usize,
+    global_step: u64,
+    world_size: usize,
+    batch_size: usize,
+    seed: u64,
+    train_sentences: usize,
+    history: Vec<serde_json::Value>,
+);
 
 /// The checkpoint folder of a step.
 pub fn step_dir(root: &Path, step: u64) -> PathBuf {
@@ -94,6 +131,12 @@ type Tensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
 
 fn read_tensors(path: &Path) -> Result<Tensors, CheckpointError> {
     let bytes = std::fs::read(path).map_err(|e| io(path, "cannot read", e))?;
+    // Before the crate reads it: names the tensor at fault, and offsets that add up
+    // to near `usize::MAX` are an error here rather than an overflow there.
+    drove_bert::check_safetensors_header(&bytes).map_err(|message| CheckpointError::Corrupt {
+        path: path.to_path_buf(),
+        message: format!("not a safetensors file ({message})"),
+    })?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| CheckpointError::Corrupt {
         path: path.to_path_buf(),
         message: format!("not a safetensors file ({e})"),
@@ -236,6 +279,12 @@ pub fn load(dir: &Path, params: &mut FlatParams, optim: &mut FlatAdamW) -> Resul
         path: state_path.clone(),
         message: format!("not JSON ({e})"),
     })?;
+    if !json.is_object() {
+        return Err(CheckpointError::Corrupt {
+            path: state_path,
+            message: "not a JSON object of the loop's state and optimizer_step".into(),
+        });
+    }
     let model_path = dir.join("model.safetensors");
     let mut model = read_tensors(&model_path)?;
     let optim_path = dir.join("optimizer.safetensors");
@@ -261,7 +310,10 @@ pub fn load(dir: &Path, params: &mut FlatParams, optim: &mut FlatAdamW) -> Resul
     }
     optim.step = json["optimizer_step"].as_u64().ok_or_else(|| CheckpointError::Corrupt {
         path: state_path,
-        message: "optimizer_step is missing".into(),
+        message: match json.get("optimizer_step") {
+            None => "optimizer_step is missing".into(),
+            Some(v) => format!("optimizer_step must be a whole number >= 0, found {v}"),
+        },
     })?;
     Ok(Loaded { dir: dir.to_path_buf(), state: json })
 }

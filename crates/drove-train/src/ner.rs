@@ -653,6 +653,14 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
                 .into());
             }
         }
+        // A position past any run: a damaged state.json, named before it is used.
+        if s.epoch > 1 << 32 || s.batch > 1 << 40 {
+            return Err(checkpoint::CheckpointError::Corrupt {
+                path: dir.join("state.json"),
+                message: format!("field `epoch` or `batch` is out of range ({} and {})", s.epoch, s.batch),
+            }
+            .into());
+        }
         self.observer.note(&format!(
             "resumed from {} at epoch {}, batch {}, step {}",
             dir.display(),
