@@ -380,6 +380,13 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
                     "created_unix_ms": r.created_unix_ms,
                     "updated_unix_ms": r.updated_unix_ms,
                     "restarts": r.restarts,
+                    "events": r.events.iter().map(|e| json!({
+                        "rank": e.rank,
+                        "step": e.step,
+                        "kind": e.kind,
+                        "message": e.message,
+                        "wall_time_unix_ms": e.wall_time_unix_ms,
+                    })).collect::<Vec<_>>(),
                 })
             })
             .collect();
@@ -412,6 +419,11 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
         );
         if !emit(&line)? {
             break;
+        }
+        for e in &r.events {
+            if !emit(&format!("    {} at step {} (rank {}): {}", e.kind, e.step, e.rank, e.message))? {
+                return Ok(());
+            }
         }
     }
     Ok(())

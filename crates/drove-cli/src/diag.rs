@@ -116,38 +116,12 @@ fn json_report(sim: &Simulation, report: &AgreementReport) -> anyhow::Result<ser
 }
 
 fn verdict_word(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Diverse => "diverse",
-        Verdict::Identical => "identical",
-    }
+    v.word()
 }
 
-/// One sentence saying what the verdict means.
+/// What the verdict means: the same words as the training alarm's.
 fn explanation(report: &AgreementReport) -> String {
-    if report.expected >= 1.0 {
-        return format!(
-            "At probability {} every mask is the same whatever the seeding, so agreement cannot tell \
-             seedings apart.",
-            report.probability
-        );
-    }
-    let z = (report.mean_agreement - report.expected) / report.sigma;
-    match report.verdict {
-        Verdict::Identical => format!(
-            "Ranks are drawing the same masks: agreement is {z:.1} sigma above what independent masks give, \
-             so the extra ranks add no augmentation diversity (seed streams from seed, rank, worker and \
-             epoch, or per sample)."
-        ),
-        Verdict::Diverse if report.within_3_sigma => format!(
-            "Each rank masks independently: agreement is within 3 sigma of p^2+(1-p)^2 (z = {z:.1}), \
-             as data-parallel augmentation should be."
-        ),
-        Verdict::Diverse => format!(
-            "Agreement is {:.1} sigma below that of independent masks: the ranks do not share masks, \
-             though their masks look anti-correlated.",
-            -z
-        ),
-    }
+    report.explain()
 }
 
 fn human_report(sim: &Simulation, report: &AgreementReport) -> String {
@@ -222,7 +196,7 @@ mod tests {
         let sim = Simulation { world_size: 2, probability: 0.5, ..Simulation::default() };
         let identical = human_report(&sim, &report(true));
         assert!(identical.contains("verdict                 identical"), "{identical}");
-        assert!(identical.contains("Ranks are drawing the same masks"), "{identical}");
+        assert!(identical.contains("Every rank and worker drew the same random stream"), "{identical}");
         let diverse = human_report(&sim, &report(false));
         assert!(diverse.contains("verdict                 diverse"), "{diverse}");
         assert!(diverse.contains("Each rank masks independently"), "{diverse}");

@@ -136,7 +136,7 @@ fn init_tracing(default: &str) {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     match cli.command {
-        Command::Train { what: TrainCommand::Ner(args) } => done(train::ner(&args)),
+        Command::Train { what: TrainCommand::Ner(args) } => train::ner(&args),
         Command::Diag { what: DiagCommand::Masks(args) } => done(diag::run(&args)),
         Command::Bench { what: BenchCommand::Mask(args) } => done(bench::run(&args)),
         Command::Bench { what: BenchCommand::Allreduce(args) } => done(bench_comm::run(&args)),

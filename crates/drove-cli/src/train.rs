@@ -20,10 +20,13 @@ use drove_metrics::{MetricsRecorder, RecorderOptions};
 use drove_train::Placement;
 use drove_train::flat::AdamWSettings;
 use drove_train::gpu::DeviceChoice;
-use drove_train::ner::{DiagnoseReport, EvalReport, NerOptions, NerSummary, Observer, StepReport, train_ner};
+use drove_train::ner::{
+    DiagnoseReport, EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner,
+};
 use drove_train::schedule::LrScaling;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
+use std::process::ExitCode;
 
 use crate::{gpu, parse};
 
@@ -84,9 +87,14 @@ pub struct NerArgs {
     /// Base seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Every N steps, compare the ranks' masks and local gradients (0: never).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    diagnose_every: usize,
+    /// Every N steps, compare the ranks' masks and local gradients (0: never)
+    /// [default: 50 with --augment-mask above 0 on more than one rank, else 0].
+    #[arg(long, value_name = "N")]
+    diagnose_every: Option<usize>,
+    /// What the diversity alarm does when a diagnosed step's masks are identical
+    /// across ranks: warn once, or fail the run at that step (exit code 3).
+    #[arg(long, value_name = "warn|fail", default_value = "warn")]
+    on_identical_masks: MaskAlarm,
     /// The parameter whose local gradients --diagnose-every compares.
     #[arg(long, value_name = "NAME", default_value = "bert.layers.last.query.weight")]
     diagnose_parameter: String,
@@ -166,7 +174,8 @@ impl NerArgs {
             augment_mask: self.augment_mask,
             seeding: self.seeding,
             seed: self.seed,
-            diagnose_every: self.diagnose_every,
+            diagnose_every: self.diagnose_every.unwrap_or(0),
+            on_identical_masks: self.on_identical_masks,
             diagnose_parameter: self.diagnose_parameter.clone(),
             max_train_sentences: self.max_train_sentences,
             max_eval_sentences: self.max_eval_sentences,
@@ -306,6 +315,21 @@ impl Observer for Reporter {
         ));
     }
 
+    fn alarm(&mut self, r: &DiagnoseReport) {
+        self.record(r.step, "diversity_alarm", 1.0);
+        if self.rank != 0 {
+            return;
+        }
+        let message = r.masks.explain();
+        self.say(&format!("warning: diversity alarm at step {}: {message}", r.step));
+        if let Some(m) = &self.metrics
+            && let Err(e) =
+                m.event(r.step as f64, "diversity_alarm", &message, std::time::Duration::from_secs(10))
+        {
+            self.say(&format!("warning: {e}"));
+        }
+    }
+
     fn note(&mut self, message: &str) {
         self.say(message);
     }
@@ -337,6 +361,9 @@ fn print_summary(summary: &NerSummary, json_out: bool) {
         ),
         None => println!("mask agreement: not diagnosed (pass --diagnose-every N)"),
     }
+    if let Some(alarm) = &summary.diversity_alarm {
+        println!("diversity alarm: {alarm}");
+    }
     match summary.grad_cosine {
         Some(c) => println!("gradient cosine: {c:.4} (mean over pairs of ranks and diagnosed steps)"),
         None => println!("gradient cosine: not diagnosed"),
@@ -354,6 +381,23 @@ fn under_launcher() -> bool {
 }
 
 /// `drove train ner`.
+/// Steps between diagnostics when the alarm is on by default.
+const DEFAULT_DIAGNOSE_EVERY: usize = 50;
+
+/// The exit code of a run the diversity alarm stopped (`--on-identical-masks fail`).
+pub const IDENTICAL_MASKS_EXIT: u8 = 3;
+
+/// A coordinator that is down costs metrics, not the run: the training result
+/// stands, with a warning naming what was not delivered.
+fn close_metrics(reporter: &mut Reporter, rank: usize) {
+    if let Some(m) = reporter.metrics.take() {
+        let delivery = m.close();
+        if delivery.undelivered() > 0 {
+            eprintln!("warning: rank {rank}: {delivery}");
+        }
+    }
+}
+
 /// `DROVE_RESTART_COUNT`: how many times `drove run` has restarted the world (0 if unset).
 fn restart_count() -> anyhow::Result<u32> {
     match std::env::var("DROVE_RESTART_COUNT") {
@@ -362,7 +406,7 @@ fn restart_count() -> anyhow::Result<u32> {
     }
 }
 
-pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
+pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     let mut opts = args.options();
     // Restarted by `drove run --max-restarts`: go on from the latest checkpoint.
     let restart = restart_count()?;
@@ -377,6 +421,10 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
         Box::new(SingleProcess)
     };
     let rank = comm.rank();
+    // The diversity alarm is on by default wherever it can go off.
+    if args.diagnose_every.is_none() && args.augment_mask > 0.0 && comm.world_size() > 1 {
+        opts.diagnose_every = DEFAULT_DIAGNOSE_EVERY;
+    }
     let metrics = match std::env::var("DROVE_COORDINATOR") {
         Ok(addr) => {
             let run_id = std::env::var("DROVE_RUN_ID").unwrap_or_else(|_| "train".into());
@@ -401,23 +449,24 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<()> {
     let summary = match &gpu {
         None => train_ner::<Backend>(&opts, comm.as_ref(), &mut reporter, &Default::default()),
         Some(gpu) => gpu.train_ner(&opts, comm.as_ref(), &mut reporter),
-    }
-    .map_err(|e| anyhow!("rank {rank}: {e}"))?;
+    };
+    let summary = match summary {
+        Ok(s) => s,
+        Err(e @ NerError::IdenticalMasks { .. }) => {
+            close_metrics(&mut reporter, rank);
+            eprintln!("error: rank {rank}: {e}");
+            return Ok(ExitCode::from(IDENTICAL_MASKS_EXIT));
+        }
+        Err(e) => return Err(anyhow!("rank {rank}: {e}")),
+    };
     if let Some(bar) = reporter.bar.take() {
         bar.finish_and_clear();
     }
-    // A coordinator that is down costs metrics, not the run: the training
-    // result stands, with a warning naming what was not delivered.
-    if let Some(m) = reporter.metrics.take() {
-        let delivery = m.close();
-        if delivery.undelivered() > 0 {
-            eprintln!("warning: rank {rank}: {delivery}");
-        }
-    }
+    close_metrics(&mut reporter, rank);
     if rank == 0 {
         print_summary(&summary, args.json);
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Settings of `drove bench train`.

@@ -107,6 +107,9 @@ fn human_report_shows_the_agreement_and_the_verdict() {
     assert!(text.contains("expected p^2+(1-p)^2    0.745000"), "{text}");
     assert!(text.contains("verdict                 identical"), "{text}");
     assert!(text.contains("rank 3   1.000   1.000   1.000   1.000"), "{text}");
+    // The training alarm's words (drove_collate's AgreementReport::explain).
+    assert!(text.contains("Identical masks: agreement 1.0000"), "{text}");
+    assert!(text.contains("Every rank and worker drew the same random stream"), "{text}");
 
     let args = masks("derived");
     let out = drove(&args.iter().map(String::as_str).collect::<Vec<_>>());

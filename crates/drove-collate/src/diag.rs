@@ -75,6 +75,21 @@ pub enum Verdict {
     Diverse,
     /// Agreement is above the band: ranks are drawing the same masks.
     Identical,
+    /// Agreement is below the band: the ranks' masks are anti-correlated
+    /// (complementary rather than independent).
+    #[serde(rename = "anticorrelated")]
+    AntiCorrelated,
+}
+
+impl Verdict {
+    /// The word for it: `diverse`, `identical` or `anticorrelated`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Diverse => "diverse",
+            Verdict::Identical => "identical",
+            Verdict::AntiCorrelated => "anticorrelated",
+        }
+    }
 }
 
 /// Agreement of one pair of ranks.
@@ -117,6 +132,47 @@ pub struct AgreementReport {
     pub verdict: Verdict,
 }
 
+impl AgreementReport {
+    /// Whether this is the diversity alarm: masks identical across ranks, or
+    /// anti-correlated (anything but independent).
+    pub fn is_alarm(&self) -> bool {
+        self.verdict != Verdict::Diverse && self.expected < 1.0
+    }
+
+    /// What the verdict means and, for an alarm, what to do: the words that
+    /// `drove diag masks` and the training alarm share.
+    pub fn explain(&self) -> String {
+        if self.expected >= 1.0 {
+            return format!(
+                "At probability {} every mask is the same whatever the seeding, so agreement cannot tell \
+                 seedings apart.",
+                self.probability
+            );
+        }
+        let z = (self.mean_agreement - self.expected) / self.sigma;
+        match self.verdict {
+            Verdict::Identical => format!(
+                "Identical masks: agreement {:.4} is {z:.1} sigma above the {:.4} of independent masks. \
+                 Every rank and worker drew the same random stream, so the augmentation is identical across \
+                 ranks and the extra ranks add no augmentation diversity. Derive each rank's and worker's \
+                 stream from its own key (drove's --seeding derived, the default, or drove_seed::StreamKey; \
+                 in PyTorch, seed each rank and each DataLoader worker differently).",
+                self.mean_agreement, self.expected
+            ),
+            Verdict::AntiCorrelated => format!(
+                "Anti-correlated masks: agreement {:.4} is {:.1} sigma below the {:.4} of independent masks. \
+                 The ranks do not share masks, but their streams are related rather than independent \
+                 (complementary masks); derive each rank's stream from its own key.",
+                self.mean_agreement, -z, self.expected
+            ),
+            Verdict::Diverse => format!(
+                "Each rank masks independently: agreement is within 3 sigma of p^2+(1-p)^2 (z = {z:.1}), \
+                 as data-parallel augmentation should be."
+            ),
+        }
+    }
+}
+
 /// Accumulates mask comparisons across ranks over many steps.
 #[derive(Clone, Debug)]
 pub struct AgreementAccumulator {
@@ -149,6 +205,11 @@ impl AgreementAccumulator {
             }
         }
         self.steps += 1;
+    }
+
+    /// The mask probability compared against.
+    pub fn probability(&self) -> f64 {
+        self.probability
     }
 
     /// The report so far.
@@ -189,8 +250,13 @@ impl AgreementAccumulator {
         let normalised =
             if expected < 1.0 { (mean_agreement - expected) / (1.0 - expected) } else { f64::NAN };
         let within_3_sigma = (mean_agreement - expected).abs() <= 3.0 * sigma;
-        let verdict =
-            if mean_agreement > expected + 3.0 * sigma { Verdict::Identical } else { Verdict::Diverse };
+        let verdict = if mean_agreement > expected + 3.0 * sigma {
+            Verdict::Identical
+        } else if mean_agreement < expected - 3.0 * sigma {
+            Verdict::AntiCorrelated
+        } else {
+            Verdict::Diverse
+        };
         AgreementReport {
             world_size: w,
             probability: p,

@@ -53,6 +53,14 @@ pub enum RecorderError {
     /// The background thread could not be started.
     #[error("cannot start the metrics thread: {0}")]
     Thread(std::io::Error),
+    /// An event could not be recorded.
+    #[error("recording the event on the coordinator at {addr}: {message}")]
+    Event {
+        /// The coordinator.
+        addr: String,
+        /// Why.
+        message: String,
+    },
     /// [`MetricsRecorder::flush`] ran out of time.
     #[error("{undelivered} metric point(s) not acknowledged by the coordinator at {addr} within {waited:.1?}{}",
         last_error.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
@@ -246,6 +254,7 @@ pub struct MetricsRecorder {
     shared: Arc<Shared>,
     worker: Option<std::thread::JoinHandle<()>>,
     addr: String,
+    token: Option<String>,
     run_id: String,
     rank: i32,
     options: RecorderOptions,
@@ -288,6 +297,7 @@ impl MetricsRecorder {
             shared,
             worker: Some(worker),
             addr: addr.to_string(),
+            token: token.map(str::to_string),
             run_id: run_id.to_string(),
             rank: i32::try_from(rank).unwrap_or(i32::MAX),
             options,
@@ -319,6 +329,46 @@ impl MetricsRecorder {
         q.waiting.push_back(point);
         drop(q);
         self.shared.changed.notify_all();
+    }
+
+    /// Records an event of the run (e.g. `diversity_alarm`) at once, waiting at
+    /// most `timeout`: events are rare and worth knowing about now.
+    pub fn event(
+        &self,
+        step: f64,
+        kind: &str,
+        message: &str,
+        timeout: Duration,
+    ) -> Result<(), RecorderError> {
+        let err = |message: String| RecorderError::Event { addr: self.addr.clone(), message };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| err(format!("cannot start a runtime: {e}")))?;
+        let event = drove_proto::v1::RunEvent {
+            run_id: self.run_id.clone(),
+            rank: self.rank,
+            step,
+            kind: kind.to_string(),
+            message: message.to_string(),
+            wall_time_unix_ms: 0,
+        };
+        runtime.block_on(async {
+            let call = async {
+                let channel = drove_proto::client::connect(&self.addr, self.token.as_deref())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                MetricsClient::new(channel)
+                    .record_event(event)
+                    .await
+                    .map_err(|s| format!("{} ({:?})", s.message(), s.code()))?;
+                Ok::<(), String>(())
+            };
+            match tokio::time::timeout(timeout, call).await {
+                Ok(r) => r.map_err(err),
+                Err(_) => Err(err(format!("no answer within {timeout:?}"))),
+            }
+        })
     }
 
     /// Where the points stand now.

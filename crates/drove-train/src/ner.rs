@@ -18,7 +18,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 use drove_bert::{BertConfig, BertForTokenClassification};
-use drove_collate::diag::{AgreementAccumulator, AgreementReport, RowMasks};
+use drove_collate::diag::{AgreementAccumulator, AgreementReport, RowMasks, Verdict};
 use drove_collate::entities::EntityCounts;
 use drove_collate::{
     Batch, Bucketing, Collator, Corpus, DistributedSampler, Example, LabelSet, Loader, LoaderConfig,
@@ -69,6 +69,10 @@ pub struct NerOptions {
     pub seed: u64,
     /// Compare ranks' masks and gradients every N steps (0: never).
     pub diagnose_every: usize,
+    /// What the diversity alarm does when a diagnosed step's masks are
+    /// identical across ranks: warn (the default) or fail the run.
+    #[serde(default)]
+    pub on_identical_masks: MaskAlarm,
     /// The parameter whose local gradients the diagnostic compares.
     pub diagnose_parameter: String,
     /// Use only the first N training sentences.
@@ -125,6 +129,7 @@ impl Default for NerOptions {
             seeding: MaskSeeding::PerSample,
             seed: 42,
             diagnose_every: 0,
+            on_identical_masks: MaskAlarm::Warn,
             diagnose_parameter: String::from("bert.layers.last.query.weight"),
             max_train_sentences: None,
             max_eval_sentences: None,
@@ -184,6 +189,15 @@ pub enum NerError {
     /// A step failed.
     #[error(transparent)]
     Train(#[from] crate::TrainError),
+    /// The diversity alarm with `--on-identical-masks fail`: every rank
+    /// stopped at a diagnosed step whose masks were identical across ranks.
+    #[error("the diversity alarm stopped the run at {message}")]
+    IdenticalMasks {
+        /// The step.
+        step: u64,
+        /// The step and what the alarm means.
+        message: String,
+    },
     /// A checkpoint failed.
     #[error(transparent)]
     Checkpoint(#[from] checkpoint::CheckpointError),
@@ -247,11 +261,37 @@ pub struct EvalReport {
     pub sentences: usize,
 }
 
+/// What the diversity alarm does when masks are identical across ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MaskAlarm {
+    /// Warn once and go on.
+    #[default]
+    Warn,
+    /// Stop every rank at that step ([`NerError::IdenticalMasks`]).
+    Fail,
+}
+
+impl std::str::FromStr for MaskAlarm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "warn" => Ok(MaskAlarm::Warn),
+            "fail" => Ok(MaskAlarm::Fail),
+            _ => Err(format!("the diversity alarm is warn or fail, found {s:?}")),
+        }
+    }
+}
+
 /// One diagnostic comparison across ranks.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct DiagnoseReport {
     /// Step.
     pub step: u64,
+    /// The mask comparison over every diagnosed step so far (this one
+    /// included): agreement, its expected value and band, the verdict
+    /// ([`AgreementReport::is_alarm`], [`AgreementReport::explain`]).
+    pub masks: AgreementReport,
     /// Mean over pairs of ranks of the fraction of positions (maskable on both)
     /// where the masks agree.
     pub mask_agreement: f64,
@@ -269,6 +309,9 @@ pub trait Observer {
     fn evaluated(&mut self, _report: &EvalReport) {}
     /// After every diagnostic comparison.
     fn diagnosed(&mut self, _report: &DiagnoseReport) {}
+    /// The diversity alarm, once per run: the first diagnosed step whose masks
+    /// are not independent across ranks (identical, or anti-correlated).
+    fn alarm(&mut self, _report: &DiagnoseReport) {}
     /// A line worth showing (loading, checkpoints).
     fn note(&mut self, _message: &str) {}
 }
@@ -293,6 +336,8 @@ pub struct NerSummary {
     pub mask_agreement: Option<AgreementReport>,
     /// Mean gradient cosine over the diagnosed steps.
     pub grad_cosine: Option<f64>,
+    /// The diversity alarm, if it went off: its step and what it means.
+    pub diversity_alarm: Option<String>,
     /// Training sentences per second (all ranks) over this process's steps.
     pub sentences_per_s: f64,
     /// Real tokens per second (all ranks).
@@ -700,6 +745,17 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             let report = diagnose(comm, batch, &gradient, step, &mut self.totals.agreement)?;
             self.totals.cosines.push(report.grad_cosine);
             self.observer.diagnosed(&report);
+            // Every rank computes the same report, so all raise (and stop) together.
+            if report.masks.is_alarm() && self.totals.alarm.is_none() {
+                let message = format!("step {step}: {}", report.masks.explain());
+                self.totals.alarm = Some(message.clone());
+                self.observer.alarm(&report);
+                if opts.on_identical_masks == MaskAlarm::Fail && report.masks.verdict == Verdict::Identical {
+                    // Rank 0 has recorded the alarm (its observer did): all stop together.
+                    comm.barrier("diversity alarm")?;
+                    return Err(NerError::IdenticalMasks { step, message });
+                }
+            }
         }
         let outcome = self.replica.apply()?;
         self.state.global_step = step;
@@ -864,6 +920,7 @@ fn diagnosed_parameter(
 struct Totals {
     agreement: AgreementAccumulator,
     cosines: Vec<f64>,
+    alarm: Option<String>,
     sentences: u64,
     tokens: u64,
     seconds: f64,
@@ -874,6 +931,7 @@ impl Totals {
         Totals {
             agreement: AgreementAccumulator::new(world, mask_probability),
             cosines: Vec::new(),
+            alarm: None,
             sentences: 0,
             tokens: 0,
             seconds: 0.0,
@@ -903,6 +961,7 @@ impl Totals {
             mask_agreement: (agreement.steps > 0).then_some(agreement),
             grad_cosine: (!self.cosines.is_empty())
                 .then(|| self.cosines.iter().sum::<f64>() / self.cosines.len() as f64),
+            diversity_alarm: self.alarm,
             sentences_per_s: per_s(self.sentences),
             tokens_per_s: per_s(self.tokens),
             train_seconds: self.seconds,
@@ -925,9 +984,12 @@ fn diagnose(
     let Buffer::I32(all) = gathered.data else { unreachable!("gathered i32") };
     let masks: Vec<RowMasks> =
         split_gathered(&all, &gathered.first_dims).iter().map(|c| decode_masks(c)).collect();
-    let mut this_step = AgreementAccumulator::new(masks.len(), 0.5);
+    let mut this_step = AgreementAccumulator::new(masks.len(), run.probability());
     this_step.add_step(&masks);
     run.add_step(&masks);
+    // The verdict over every diagnosed step so far: one step of a small batch
+    // may compare too few positions to be sure.
+    let so_far = run.report();
     let gathered = comm.all_gather("diagnose.gradient", &[grad.len()], f32::tensor_ref(grad))?;
     let Buffer::F32(all) = gathered.data else { unreachable!("gathered f32") };
     let grads = split_gathered(&all, &gathered.first_dims);
@@ -938,9 +1000,11 @@ fn diagnose(
             pairs += 1;
         }
     }
+    let report = this_step.report();
     Ok(DiagnoseReport {
         step,
-        mask_agreement: this_step.report().mean_agreement,
+        masks: so_far,
+        mask_agreement: report.mean_agreement,
         grad_cosine: if pairs == 0 { 1.0 } else { sum / pairs as f64 },
     })
 }

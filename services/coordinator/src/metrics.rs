@@ -7,14 +7,14 @@ use std::pin::Pin;
 use drove_proto::v1::metrics_server::Metrics;
 use drove_proto::v1::{
     Aggregation, ListRunsRequest, ListRunsResponse, MetricPoint, PushAck, PushRequest, QueryPoint,
-    QueryRequest, QueryResponse, RunInfo, WatchRequest,
+    QueryRequest, QueryResponse, RecordEventResponse, RunEvent, RunInfo, WatchRequest,
 };
 use futures::Stream;
 use tokio::sync::broadcast;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::store::{Agg, Filter, Point, Store, now_ms};
+use crate::store::{Agg, EventRow, Filter, Point, Store, now_ms};
 use crate::validate::{check_run_id, internal};
 
 /// Shared metrics state.
@@ -159,6 +159,49 @@ impl Metrics for MetricsService {
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
+    async fn record_event(
+        &self,
+        request: Request<RunEvent>,
+    ) -> Result<Response<RecordEventResponse>, Status> {
+        let e = request.into_inner();
+        check_run_id(&e.run_id, "run_id")?;
+        if e.rank < 0 {
+            return Err(Status::invalid_argument(format!("rank must be >= 0, found {}", e.rank)));
+        }
+        if !e.step.is_finite() || e.step < 0.0 {
+            return Err(Status::invalid_argument(format!(
+                "step must be a finite number >= 0, found {}",
+                e.step
+            )));
+        }
+        if e.kind.is_empty() || e.kind.len() > 64 {
+            return Err(Status::invalid_argument(format!(
+                "kind must be 1 to 64 bytes, found {}",
+                e.kind.len()
+            )));
+        }
+        if e.message.len() > 16 << 10 {
+            return Err(Status::invalid_argument(format!(
+                "message must be at most 16 KiB, found {} bytes",
+                e.message.len()
+            )));
+        }
+        let row = EventRow {
+            run_id: e.run_id,
+            rank: e.rank,
+            step: e.step,
+            kind: e.kind,
+            message: e.message,
+            wall_ms: if e.wall_time_unix_ms == 0 { now_ms() } else { e.wall_time_unix_ms },
+        };
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.add_event(&row))
+            .await
+            .map_err(internal)?
+            .map_err(internal)?;
+        Ok(Response::new(RecordEventResponse {}))
+    }
+
     async fn query(&self, request: Request<QueryRequest>) -> Result<Response<QueryResponse>, Status> {
         let req = request.into_inner();
         let filter = filter_of(&req.run_id, &req.name, req.min_step, req.max_step)?;
@@ -281,11 +324,28 @@ impl Metrics for MetricsService {
         _request: Request<ListRunsRequest>,
     ) -> Result<Response<ListRunsResponse>, Status> {
         let store = self.store.clone();
-        let runs =
-            tokio::task::spawn_blocking(move || store.runs()).await.map_err(internal)?.map_err(internal)?;
+        let (runs, mut events) = tokio::task::spawn_blocking(move || {
+            Ok::<_, crate::store::StoreError>((store.runs()?, store.events()?))
+        })
+        .await
+        .map_err(internal)?
+        .map_err(internal)?;
         let runs = runs
             .into_iter()
             .map(|r| RunInfo {
+                events: events
+                    .remove(&r.run_id)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|e| RunEvent {
+                        run_id: e.run_id,
+                        rank: e.rank,
+                        step: e.step,
+                        kind: e.kind,
+                        message: e.message,
+                        wall_time_unix_ms: e.wall_ms,
+                    })
+                    .collect(),
                 run_id: r.run_id,
                 state: r.state,
                 world_size: r.world_size,

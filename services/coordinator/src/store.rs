@@ -101,6 +101,23 @@ pub struct LiveRun {
     pub members: Vec<MemberRow>,
 }
 
+/// Something that happened to a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRow {
+    /// Run.
+    pub run_id: String,
+    /// The rank that saw it.
+    pub rank: i32,
+    /// Step.
+    pub step: f64,
+    /// Kind, e.g. `diversity_alarm`.
+    pub kind: String,
+    /// What it means.
+    pub message: String,
+    /// Unix milliseconds.
+    pub wall_ms: i64,
+}
+
 /// A blob's metadata.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlobRow {
@@ -224,6 +241,10 @@ impl Store {
                  run_id TEXT NOT NULL, rank INTEGER NOT NULL, address TEXT NOT NULL, host TEXT NOT NULL,
                  heartbeat_ms INTEGER NOT NULL, left_run INTEGER NOT NULL DEFAULT 0,
                  error TEXT NOT NULL DEFAULT '', PRIMARY KEY(run_id, rank));
+             CREATE TABLE IF NOT EXISTS events(
+                 id INTEGER PRIMARY KEY, run_id TEXT NOT NULL, rank INTEGER NOT NULL, step REAL NOT NULL,
+                 kind TEXT NOT NULL, message TEXT NOT NULL, wall_ms INTEGER NOT NULL);
+             CREATE INDEX IF NOT EXISTS events_by_run ON events(run_id, id);
              CREATE TABLE IF NOT EXISTS blobs(
                  name TEXT PRIMARY KEY, size INTEGER NOT NULL, sha256 TEXT NOT NULL, created_ms INTEGER NOT NULL);",
         )
@@ -473,6 +494,43 @@ impl Store {
             .execute("UPDATE runs SET restarts = MAX(restarts, ?2) WHERE run_id = ?1", params![run_id, count])
             .map_err(self.sql())?;
         Ok(())
+    }
+
+    /// Stores an event of a run.
+    pub fn add_event(&self, e: &EventRow) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "INSERT INTO events(run_id, rank, step, kind, message, wall_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![e.run_id, e.rank, e.step, e.kind, e.message, e.wall_ms],
+            )
+            .map_err(self.sql())?;
+        Ok(())
+    }
+
+    /// Every event, by run, oldest first.
+    pub fn events(&self) -> Result<HashMap<String, Vec<EventRow>>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare("SELECT run_id, rank, step, kind, message, wall_ms FROM events ORDER BY id")
+            .map_err(self.sql())?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(EventRow {
+                    run_id: r.get(0)?,
+                    rank: r.get(1)?,
+                    step: r.get(2)?,
+                    kind: r.get(3)?,
+                    message: r.get(4)?,
+                    wall_ms: r.get(5)?,
+                })
+            })
+            .map_err(self.sql())?;
+        let mut by_run: HashMap<String, Vec<EventRow>> = HashMap::new();
+        for row in rows {
+            let row = row.map_err(self.sql())?;
+            by_run.entry(row.run_id.clone()).or_default().push(row);
+        }
+        Ok(by_run)
     }
 
     /// Records that `rank` joined `run_id` (replacing an earlier worker of that rank).
