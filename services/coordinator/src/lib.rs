@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 mod metrics;
+pub mod prometheus;
 mod rendezvous;
 pub mod store;
 mod validate;
@@ -74,6 +75,8 @@ pub struct Config {
     /// A rank of a running run that has sent heartbeats and then sends none for
     /// this long fails the run (hung or stopped), in milliseconds.
     pub heartbeat_timeout_ms: u64,
+    /// Where to serve Prometheus metrics (`GET /metrics`); none: not served.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for Config {
@@ -87,6 +90,7 @@ impl Default for Config {
             join_timeout_ms: 60_000,
             max_chunk_bytes: 4 << 20,
             heartbeat_timeout_ms: 30_000,
+            metrics_listen: None,
         }
     }
 }
@@ -115,6 +119,9 @@ pub struct Overrides {
     /// `--heartbeat-timeout-ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heartbeat_timeout_ms: Option<u64>,
+    /// `--metrics-listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Environment variables read, after the `DROVE_` prefix.
@@ -127,6 +134,7 @@ const ENV_KEYS: &[&str] = &[
     "join_timeout_ms",
     "max_chunk_bytes",
     "heartbeat_timeout_ms",
+    "metrics_listen",
 ];
 
 impl Config {
@@ -195,6 +203,8 @@ pub struct Server {
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
     _watchdog: AbortOnDrop,
+    metrics_addr: Option<SocketAddr>,
+    _exporter: Option<AbortOnDrop>,
 }
 
 /// A background task that ends with its owner.
@@ -210,6 +220,11 @@ impl Server {
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where it serves Prometheus metrics (`/metrics`), if it does.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// Stops accepting calls, lets running ones finish for up to 5 s (open
@@ -253,8 +268,18 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
         .max_decoding_message_size(max_message)
         .max_encoding_message_size(max_message);
     let (closing, closing_rx) = tokio::sync::watch::channel(false);
-    let metrics = MetricsServer::new(MetricsService::new(store.clone(), closing_rx))
-        .max_decoding_message_size(64 << 20);
+    let metrics_service = MetricsService::new(store.clone(), closing_rx);
+    let exporter = match config.metrics_listen {
+        Some(at) => {
+            let listener =
+                prometheus::bind(at).await.map_err(|source| StartError::Bind { addr: at, source })?;
+            let bound = listener.local_addr().map_err(|source| StartError::Bind { addr: at, source })?;
+            let task = tokio::spawn(prometheus::serve(listener, store.clone(), metrics_service.counters()));
+            Some((bound, AbortOnDrop(task)))
+        }
+        None => None,
+    };
+    let metrics = MetricsServer::new(metrics_service).max_decoding_message_size(64 << 20);
     // Reflection in both versions: `v1`, and `v1alpha` for the clients that
     // speak only it (grpcurl 1.8 and older, grpcio-reflection's Python client).
     let descriptors = || {
@@ -304,7 +329,16 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
             .await
     });
     tracing::info!(%addr, store = %config.store.display(), auth = config.token.is_some(), "coordinator serving");
-    Ok(Server { addr, closing, shutdown: Some(tx), task, _watchdog: AbortOnDrop(watchdog) })
+    let (metrics_addr, exporter) = exporter.unzip();
+    Ok(Server {
+        addr,
+        metrics_addr,
+        closing,
+        shutdown: Some(tx),
+        task,
+        _watchdog: AbortOnDrop(watchdog),
+        _exporter: exporter,
+    })
 }
 
 /// Checks the running runs' heartbeats every tenth of `timeout` (at most
@@ -350,6 +384,9 @@ pub struct Flags {
     /// (hung or stopped), in milliseconds [default: 30000].
     #[arg(long)]
     pub heartbeat_timeout_ms: Option<u64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 0.0.0.0:9090; off by default).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Flags {
@@ -363,6 +400,7 @@ impl Flags {
             tls_key: self.tls_key.clone(),
             join_timeout_ms: self.join_timeout_ms,
             heartbeat_timeout_ms: self.heartbeat_timeout_ms,
+            metrics_listen: self.metrics_listen,
         };
         Config::load(self.config.as_deref(), &overrides)
     }
@@ -372,6 +410,9 @@ impl Flags {
 pub async fn serve_until_signal(config: &Config) -> Result<(), StartError> {
     let server = start(config).await?;
     println!("drove-coordinator listening on {}", server.addr());
+    if let Some(at) = server.metrics_addr() {
+        println!("drove-coordinator serves Prometheus metrics at http://{at}/metrics");
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| StartError::Bind { addr: server.addr(), source })?;
     tokio::select! {

@@ -21,6 +21,7 @@ use crate::validate::{check_run_id, internal};
 #[derive(Clone)]
 pub struct MetricsService {
     store: Store,
+    counters: std::sync::Arc<crate::prometheus::Counters>,
     new_points: broadcast::Sender<std::sync::Arc<Vec<Point>>>,
     closing: tokio::sync::watch::Receiver<bool>,
 }
@@ -28,7 +29,17 @@ pub struct MetricsService {
 impl MetricsService {
     /// Points in `store`; watch streams end when `closing` turns true.
     pub fn new(store: Store, closing: tokio::sync::watch::Receiver<bool>) -> Self {
-        MetricsService { store, new_points: broadcast::channel(1024).0, closing }
+        MetricsService {
+            store,
+            counters: Default::default(),
+            new_points: broadcast::channel(1024).0,
+            closing,
+        }
+    }
+
+    /// The counters this service bumps (points ingested, pushes), for `/metrics`.
+    pub fn counters(&self) -> std::sync::Arc<crate::prometheus::Counters> {
+        self.counters.clone()
     }
 }
 
@@ -105,6 +116,8 @@ impl Metrics for MetricsService {
         request: Request<Streaming<PushRequest>>,
     ) -> Result<Response<Self::PushStream>, Status> {
         let mut input = request.into_inner();
+        crate::prometheus::Counters::add(&self.counters.pushes, 1);
+        let counters = self.counters.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<PushAck, Status>>(16);
         let store = self.store.clone();
         let new_points = self.new_points.clone();
@@ -149,6 +162,7 @@ impl Metrics for MetricsService {
                         return;
                     }
                 };
+                crate::prometheus::Counters::add(&counters.points_ingested, points.len() as u64);
                 stored += sent;
                 duplicates += sent - points.len() as u64;
                 if tx.send(Ok(PushAck { stored, duplicates })).await.is_err() {

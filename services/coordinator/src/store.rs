@@ -496,6 +496,25 @@ impl Store {
         Ok(())
     }
 
+    /// The latest value of every metric of every rank of the running runs:
+    /// (run, rank, name, value).
+    pub fn latest_of_running(&self) -> Result<Vec<(String, i32, String, f64)>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT s.run_id, p.rank, s.name, p.value FROM points p JOIN series s ON s.id = p.series
+                  WHERE s.run_id IN (SELECT run_id FROM runs WHERE state = 'running')
+                    AND p.id IN (SELECT MAX(q.id) FROM points q JOIN series t ON t.id = q.series
+                                  WHERE t.run_id IN (SELECT run_id FROM runs WHERE state = 'running')
+                                  GROUP BY q.series, q.rank)
+                  ORDER BY s.run_id, p.rank, s.name",
+            )
+            .map_err(self.sql())?;
+        let rows =
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).map_err(self.sql())?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+
     /// Stores an event of a run.
     pub fn add_event(&self, e: &EventRow) -> Result<(), StoreError> {
         self.lock()
