@@ -91,6 +91,10 @@ pub struct NerArgs {
     /// [default: 50 with --augment-mask above 0 on more than one rank, else 0].
     #[arg(long, value_name = "N")]
     diagnose_every: Option<usize>,
+    /// Write a Horovod-style timeline of every rank's steps to FILE (Chrome
+    /// trace-event JSON: open it in Perfetto or chrome://tracing) [env: DROVE_TIMELINE].
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
     /// What the diversity alarm does when a diagnosed step's masks are identical
     /// across ranks: warn once, or fail the run at that step (exit code 3).
     #[arg(long, value_name = "warn|fail", default_value = "warn")]
@@ -176,6 +180,7 @@ impl NerArgs {
             seed: self.seed,
             diagnose_every: self.diagnose_every.unwrap_or(0),
             on_identical_masks: self.on_identical_masks,
+            timeline: self.timeline.clone().or_else(|| std::env::var_os("DROVE_TIMELINE").map(PathBuf::from)),
             diagnose_parameter: self.diagnose_parameter.clone(),
             max_train_sentences: self.max_train_sentences,
             max_eval_sentences: self.max_eval_sentences,

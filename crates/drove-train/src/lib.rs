@@ -33,6 +33,7 @@ pub mod micro;
 pub mod ner;
 pub mod replica;
 pub mod schedule;
+pub mod timeline;
 
 pub use replica::{
     LossReduction, Micro, PhaseTimes, Placement, Replica, ReplicaOptions, Rows, Schedule, StepOutcome,

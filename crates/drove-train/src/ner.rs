@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::timeline::{Timeline, Traced, Track};
 use burn::module::AutodiffModule;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -73,6 +74,10 @@ pub struct NerOptions {
     /// identical across ranks: warn (the default) or fail the run.
     #[serde(default)]
     pub on_identical_masks: MaskAlarm,
+    /// Write a Chrome trace-event timeline of every rank's steps here (rank 0
+    /// writes it at the end; see [`crate::timeline`]).
+    #[serde(default)]
+    pub timeline: Option<PathBuf>,
     /// The parameter whose local gradients the diagnostic compares.
     pub diagnose_parameter: String,
     /// Use only the first N training sentences.
@@ -130,6 +135,7 @@ impl Default for NerOptions {
             seed: 42,
             diagnose_every: 0,
             on_identical_masks: MaskAlarm::Warn,
+            timeline: None,
             diagnose_parameter: String::from("bert.layers.last.query.weight"),
             max_train_sentences: None,
             max_eval_sentences: None,
@@ -585,7 +591,11 @@ pub fn train_ner_with<B: AutodiffBackend>(
     let loader = training_loader(opts, &data, rank, world)?;
     let steps_per_epoch = loader.plan(0).len();
     let total_steps = (steps_per_epoch * opts.epochs) as u64;
-    let mut replica = Replica::new(model, comm, replica_options(opts, total_steps), device)?;
+    let timeline = if opts.timeline.is_some() { Timeline::on() } else { Timeline::off() };
+    let traced = Traced { inner: comm, timeline: &timeline };
+    let comm: &dyn Collective = if timeline.is_on() { &traced } else { comm };
+    let mut replica =
+        Replica::new(model, comm, replica_options(opts, total_steps), device)?.with_timeline(&timeline);
     if let Some(reducer) = reducer {
         replica = replica.with_bucket_all_reduce(reducer)?;
     }
@@ -614,6 +624,7 @@ pub fn train_ner_with<B: AutodiffBackend>(
         evaluations: Vec::new(),
         totals: Totals::new(world, opts.augment_mask),
         last_checkpoint: None,
+        timeline: &timeline,
     };
     if opts.resume {
         fit.resume()?;
@@ -621,7 +632,10 @@ pub fn train_ner_with<B: AutodiffBackend>(
     fit.observer.started(fit.state.global_step, total_steps);
     let mut steps_here = 0u64;
     'epochs: while fit.state.epoch < opts.epochs {
-        for (b, batch) in loader.epoch(fit.state.epoch as u64).enumerate() {
+        let mut batches = loader.epoch(fit.state.epoch as u64).enumerate();
+        loop {
+            let waited = Instant::now();
+            let Some((b, batch)) = batches.next() else { break };
             let batch = batch?;
             if b < fit.state.batch {
                 continue; // done before the checkpoint we resumed from
@@ -629,7 +643,9 @@ pub fn train_ner_with<B: AutodiffBackend>(
             if opts.max_steps.is_some_and(|m| steps_here >= m) {
                 break 'epochs;
             }
+            timeline.record("data wait", "phase", Track::Main, waited);
             fit.step(b, &batch)?;
+            timeline.record(format!("step {}", fit.state.global_step), "step", Track::Main, waited);
             steps_here += 1;
         }
         if fit.state.batch < steps_per_epoch {
@@ -638,6 +654,11 @@ pub fn train_ner_with<B: AutodiffBackend>(
         fit.end_epoch()?;
     }
     let summary = fit.totals.summary(world, fit.state.global_step, fit.evaluations, fit.last_checkpoint);
+    if let Some(path) = &opts.timeline {
+        timeline
+            .write_merged(comm, path)
+            .map_err(|e| NerError::Output { path: path.clone(), message: e.to_string() })?;
+    }
     if rank == 0 {
         std::fs::create_dir_all(&opts.out)
             .map_err(|e| NerError::Output { path: opts.out.clone(), message: e.to_string() })?;
@@ -666,6 +687,8 @@ struct Fit<'a, 'c, B: AutodiffBackend> {
     evaluations: Vec<EvalReport>,
     totals: Totals,
     last_checkpoint: Option<PathBuf>,
+    /// Where the loop's phases are recorded (off unless asked for).
+    timeline: &'a Timeline,
 }
 
 impl<B: AutodiffBackend> Fit<'_, '_, B> {
@@ -730,16 +753,22 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
         let dropout_seed = StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0];
         let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count();
         let mut counts = [local_labelled as f64, batch.real_tokens() as f64];
-        comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())?;
+        let timeline = self.timeline;
+        timeline.span("counts all-reduce", "phase", Track::Main, || {
+            comm.all_reduce("step.counts", &[2], f64::tensor_mut(&mut counts), ReduceOptions::sum())
+        })?;
         let labelled_global = counts[0].max(1.0);
         let scale = world as f64 / labelled_global;
         let num_labels = self.data.labels.len();
+        let computed = Instant::now();
         self.replica.backward(batch, |model, micro| {
             drove_bert::seed_dropout_rows(dropout_seed, micro.rows.start);
             let part = micro.batch.rows(micro.rows.clone());
             let (ids, types, mask) = batch_tensors::<B>(&part, device);
             loss(model.forward(ids, types, mask), &part.labels, num_labels, scale, device)
         })?;
+        timeline.record("forward+backward", "phase", Track::Main, computed);
+        let diagnosed = Instant::now();
         if let Some(index) = self.diagnosed.filter(|_| step.is_multiple_of(opts.diagnose_every as u64)) {
             let gradient = self.replica.local_gradient(index)?;
             let report = diagnose(comm, batch, &gradient, step, &mut self.totals.agreement)?;
@@ -756,6 +785,7 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
                     return Err(NerError::IdenticalMasks { step, message });
                 }
             }
+            timeline.record("diagnostic", "phase", Track::Main, diagnosed);
         }
         let outcome = self.replica.apply()?;
         self.state.global_step = step;
@@ -792,6 +822,7 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
         let inference = self.replica.model().valid();
         let mut extra = Vec::new();
         for set in &self.data.eval {
+            let evaluated = Instant::now();
             let (report, predictions) = evaluate::<B::InnerBackend>(
                 &inference,
                 set,
@@ -801,6 +832,7 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
                 self.state.global_step,
                 self.device,
             )?;
+            self.timeline.record(format!("evaluation {}", set.name), "phase", Track::Main, evaluated);
             self.observer.evaluated(&report);
             self.state.history.push(serde_json::to_value(&report).expect("a report serialises"));
             self.evaluations.push(report);
@@ -813,7 +845,10 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
 
     /// Every rank meets; rank 0 writes the checkpoint (keeping the newest two).
     fn checkpoint(&mut self, extra: &[(String, Vec<u8>)]) -> Result<(), NerError> {
-        if let Some(dir) = self.replica.save(&self.root, &self.state, extra, 2)? {
+        let started = Instant::now();
+        let saved = self.replica.save(&self.root, &self.state, extra, 2);
+        self.timeline.record("checkpoint", "phase", Track::Main, started);
+        if let Some(dir) = saved? {
             self.observer.note(&format!("checkpoint {}", dir.display()));
             self.last_checkpoint = Some(dir);
         }

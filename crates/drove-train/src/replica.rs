@@ -48,6 +48,11 @@ use burn::tensor::{ElementConversion, Tensor};
 use drove_comm::fusion::{FusionOptions, all_reduce_fused};
 use drove_comm::{Buffer, Collective, Element, Gathered, ReduceOptions};
 
+use crate::timeline::{Timeline, Track};
+
+/// The timeline of a replica that records none.
+static OFF: std::sync::LazyLock<Timeline> = std::sync::LazyLock::new(Timeline::off);
+
 use crate::TrainError;
 use crate::checkpoint;
 use crate::device::{BucketAllReduce, DeviceAdamW, HostStaging};
@@ -359,13 +364,16 @@ struct UpdateSettings<'a> {
     fusion: FusionOptions,
     clip: f64,
     lr: f64,
+    timeline: &'a Timeline,
 }
 
-/// Runs `f`, adding the time it took to `slot`.
-fn timed<T>(slot: &mut Duration, f: impl FnOnce() -> T) -> T {
+/// Runs `f`, adding the time it took to `slot` and recording it on the
+/// timeline's main track as phase `name`.
+fn phase<T>(timeline: &Timeline, name: &str, slot: &mut Duration, f: impl FnOnce() -> T) -> T {
     let started = Instant::now();
     let out = f();
     *slot += started.elapsed();
+    timeline.record(name, "phase", Track::Main, started);
     out
 }
 
@@ -383,31 +391,34 @@ impl<B: AutodiffBackend> State<B> {
     ) -> (M, Result<f64, TrainError>) {
         match (self, grads) {
             (State::Host { params, optim }, Gradients::Host(mut flat)) => {
-                let reduced = timed(&mut times.all_reduce, || {
+                let reduced = phase(u.timeline, "gradient all-reduce", &mut times.all_reduce, || {
                     let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
                     all_reduce_fused(u.comm, "gradients", &mut refs, ReduceOptions::average(), u.fusion)
                 });
                 if let Err(e) = reduced {
                     return (model, Err(e.into()));
                 }
-                let norm = timed(&mut times.clip, || {
+                let norm = phase(u.timeline, "clip", &mut times.clip, || {
                     if u.clip > 0.0 { clip_global_norm(&mut flat, u.clip) } else { global_norm(&flat) }
                 });
-                let model = timed(&mut times.update, || {
+                let model = phase(u.timeline, "optimizer", &mut times.update, || {
                     optim.update(params, &flat, u.lr);
                     params.write(model, device)
                 });
                 (model, Ok(norm))
             }
             (State::Backend { optim, reducer }, Gradients::Backend(mut tensors)) => {
-                let reduced = timed(&mut times.all_reduce, || {
+                let reduced = phase(u.timeline, "gradient all-reduce", &mut times.all_reduce, || {
                     crate::device::all_reduce_buckets(reducer.as_ref(), u.comm, &mut tensors, u.fusion)
                 });
                 if let Err(e) = reduced {
                     return (model, Err(e));
                 }
-                let norm = timed(&mut times.clip, || crate::device::clip_global_norm(&mut tensors, u.clip));
-                let model = timed(&mut times.update, || optim.update(model, &tensors, u.lr));
+                let norm = phase(u.timeline, "clip", &mut times.clip, || {
+                    crate::device::clip_global_norm(&mut tensors, u.clip)
+                });
+                let model =
+                    phase(u.timeline, "optimizer", &mut times.update, || optim.update(model, &tensors, u.lr));
                 (model, Ok(norm))
             }
             _ => unreachable!("one placement per replica"),
@@ -434,6 +445,8 @@ pub struct Replica<'c, B: AutodiffBackend, M: AutodiffModule<B>> {
     passes: usize,
     local_loss: f64,
     compute: Duration,
+    /// Where the step's phases are recorded (off unless set).
+    timeline: &'c Timeline,
 }
 
 impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
@@ -483,7 +496,15 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             passes: 0,
             local_loss: 0.0,
             compute: Duration::ZERO,
+            timeline: &OFF,
         })
+    }
+
+    /// Records the step's phases (forward and backward per micro-batch, the
+    /// loss and gradient all-reduces, clipping, the optimizer) on `timeline`.
+    pub fn with_timeline(mut self, timeline: &'c Timeline) -> Self {
+        self.timeline = timeline;
+        self
     }
 
     /// Replaces the bucket all-reduce of the [`Placement::Backend`] placement
@@ -599,18 +620,23 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             .into_iter()
             .map(|range| (range, fresh_leaves(model.clone())))
             .collect();
+        let timeline = self.timeline;
         let outputs = self.micro.run(jobs, |index, (range, model)| {
             let weight = match reduction {
                 LossReduction::Mean => range.len() as f64 / rows as f64 / passes,
                 LossReduction::Sum => 1.0,
             };
             let micro = Micro { batch, rows: range, index, weight };
+            let forward = Instant::now();
             let mut value = loss(&model, &micro);
             if reduction == LossReduction::Mean {
                 value = value.mul_scalar(weight);
             }
             let scalar = f64::from(value.clone().into_scalar().elem::<f32>());
+            timeline.record("forward", "micro", Track::Micro(index), forward);
+            let backward = Instant::now();
             let mut grads = GradientsParams::from_grads(value.backward(), &model);
+            timeline.record("backward", "micro", Track::Micro(index), backward);
             let taken = if on_host {
                 take_gradients(&model, &mut grads).map(Gradients::Host)
             } else {
@@ -665,8 +691,10 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         // before any update, so the parameters stay those of the last step.
         let global_loss = if comm.world_size() > 1 {
             let mut value = [local_loss];
+            let started = Instant::now();
             let reduced =
                 comm.all_reduce("step.loss", &[1], f64::tensor_mut(&mut value), ReduceOptions::average());
+            self.timeline.record("loss all-reduce", "phase", Track::Main, started);
             if let Err(e) = reduced {
                 self.model = Some(model);
                 return Err(e.into());
@@ -680,7 +708,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             self.model = Some(model);
             return Err(self.non_finite(step, "loss", global_loss, local_loss));
         }
-        let settings = UpdateSettings { comm, fusion, clip, lr };
+        let settings = UpdateSettings { comm, fusion, clip, lr, timeline: self.timeline };
         let (model, grad_norm) = self.state.update(model, grads, &settings, &self.device, &mut times);
         self.model = Some(model);
         let grad_norm = match grad_norm {
