@@ -30,11 +30,14 @@ use std::process::{Command, ExitCode, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use std::io::IsTerminal as _;
+
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use drove_proto::client::{Authed, Clients};
 use drove_proto::v1::rendezvous_client::RendezvousClient;
 use drove_proto::v1::{HeartbeatRequest, LeaveRequest};
+use indicatif::{ProgressBar, ProgressStyle};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::control::{self, status_error};
@@ -164,14 +167,47 @@ fn signal_group(pid: u32, sig: i32) {
     }
 }
 
+/// The prefix of the progress lines rank 0 writes for the launcher's bar
+/// (`DROVE_PROGRESS=launcher`), followed by one JSON object.
+pub const PROGRESS_PREFIX: &str = "drove-progress ";
+
+/// One progress line of rank 0, drawn on the bar.
+fn show_progress(bar: &ProgressBar, json: &[u8]) {
+    let Ok(p) = serde_json::from_slice::<serde_json::Value>(json) else { return };
+    if let Some(total) = p["total"].as_u64() {
+        bar.set_length(total);
+    }
+    if let Some(step) = p["step"].as_u64() {
+        bar.set_position(step);
+    }
+    if let (Some(epoch), Some(loss), Some(rate)) =
+        (p["epoch"].as_u64(), p["loss"].as_f64(), p["sentences_per_s"].as_f64())
+    {
+        bar.set_message(format!("epoch {epoch} loss {loss:.4} {rate:.1} sent/s"));
+    }
+}
+
+/// The bar `drove run` draws on a terminal, fed by rank 0.
+fn progress_bar() -> ProgressBar {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps {msg} (ETA {eta})")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
 /// Copies `source` to stdout or stderr line by line, each line prefixed and
-/// written whole under the stream's lock. Keeps draining if the destination is
-/// closed, so a rank never blocks on a full pipe.
+/// written whole under the stream's lock; with a progress bar, rank 0's
+/// progress lines move the bar and other lines are printed above it. Keeps
+/// draining if the destination is closed, so a rank never blocks on a full pipe.
 fn relay(
     rank: usize,
     source: impl Read + Send + 'static,
     to_stderr: bool,
     done: mpsc::Sender<()>,
+    bar: Option<ProgressBar>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new().name(format!("relay-{rank}")).stack_size(THREAD_STACK).spawn(move || {
         let mut reader = BufReader::with_capacity(64 << 10, source);
@@ -187,6 +223,23 @@ fn relay(
                 Err(_) => break,
             }
             if !open {
+                continue;
+            }
+            if let Some(bar) = &bar {
+                if let Some(json) = line.strip_prefix(PROGRESS_PREFIX.as_bytes()) {
+                    show_progress(bar, json);
+                    continue;
+                }
+                let text = String::from_utf8_lossy(&line);
+                let text = format!("{prefix}{}", text.trim_end_matches('\n'));
+                if to_stderr {
+                    bar.println(text);
+                } else {
+                    bar.suspend(|| {
+                        let mut stdout = std::io::stdout().lock();
+                        let _ = writeln!(stdout, "{text}").and_then(|()| stdout.flush());
+                    });
+                }
                 continue;
             }
             out.clear();
@@ -250,6 +303,8 @@ struct Spec<'a> {
     args: &'a [OsString],
     env: Vec<(&'static str, String)>,
     grace: Duration,
+    /// The bar rank 0's progress lines move (on a terminal).
+    bar: Option<ProgressBar>,
 }
 
 /// Starts the ranks and supervises them until every one has ended.
@@ -309,7 +364,7 @@ fn supervise(
         for (source, to_stderr) in
             [(Box::new(stdout) as Box<dyn Read + Send>, false), (Box::new(stderr), true)]
         {
-            match relay(rank, source, to_stderr, relay_tx.clone()) {
+            match relay(rank, source, to_stderr, relay_tx.clone(), spec.bar.clone()) {
                 Ok(_) => relays += 1,
                 Err(e) => tracing::warn!("cannot relay rank {rank}'s output: {e}"),
             }
@@ -619,16 +674,22 @@ pub fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         env.push(("RAYON_NUM_THREADS", threads.to_string()));
     }
+    // One bar for the run on a terminal, fed by rank 0; lines as they come otherwise.
+    let bar = std::io::stderr().is_terminal().then(progress_bar);
     let mut restarts = 0u32;
     let outcome = loop {
         let mut env = env.clone();
         env.push(("DROVE_RESTART_COUNT", restarts.to_string()));
+        if bar.is_some() {
+            env.push(("DROVE_PROGRESS", "launcher".into()));
+        }
         let spec = Spec {
             np: args.np,
             program,
             args: program_args,
             env,
             grace: Duration::from_secs_f64(args.stop_grace_secs),
+            bar: bar.clone(),
         };
         let watcher = rt.spawn(watch_run(clients.rendezvous.clone(), run_id.clone(), tx.clone()));
         let outcome = supervise(&spec, tx.clone(), &rx);
@@ -650,6 +711,9 @@ pub fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("run {run_id}: {why}; restarting every rank ({restarts} of {})", args.max_restarts);
     };
     drop(tx);
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
     drop(clients);
     if let Some((server, store)) = embedded {
         if rt

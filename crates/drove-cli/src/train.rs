@@ -224,6 +224,9 @@ struct Reporter {
     metrics: Option<MetricsRecorder>,
     started: Instant,
     fail_at: Option<(u64, usize)>,
+    /// `drove run` draws the bar (`DROVE_PROGRESS=launcher`): rank 0 sends it
+    /// progress lines instead of printing step lines.
+    to_launcher: bool,
 }
 
 impl Reporter {
@@ -248,7 +251,13 @@ impl Reporter {
 
 impl Observer for Reporter {
     fn started(&mut self, done: u64, total: u64) {
-        if self.rank == 0 && std::io::stderr().is_terminal() {
+        if self.rank == 0 && self.to_launcher {
+            eprintln!(
+                "{}{}",
+                crate::launch::PROGRESS_PREFIX,
+                serde_json::json!({"step": done, "total": total})
+            );
+        } else if self.rank == 0 && std::io::stderr().is_terminal() {
             let bar = ProgressBar::new(total).with_position(done);
             bar.set_style(
                 ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} steps {msg}")
@@ -280,6 +289,14 @@ impl Observer for Reporter {
         self.record(r.step, "sentences_per_s", r.sentences_per_s);
         self.record(r.step, "tokens_per_s", r.tokens_per_s);
         if self.rank != 0 {
+            return;
+        }
+        if self.to_launcher {
+            let progress = serde_json::json!({
+                "step": r.step, "total": r.total_steps, "epoch": r.epoch, "loss": r.loss,
+                "sentences_per_s": r.sentences_per_s,
+            });
+            eprintln!("{}{progress}", crate::launch::PROGRESS_PREFIX);
             return;
         }
         let msg =
@@ -450,6 +467,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         started: Instant::now(),
         // A failure to test restarts with happens in the first attempt only.
         fail_at: args.fail_at_step.filter(|_| restart == 0).map(|s| (s, args.rank_to_fail)),
+        to_launcher: std::env::var("DROVE_PROGRESS").is_ok_and(|v| v == "launcher"),
     };
     let summary = match &gpu {
         None => train_ner::<Backend>(&opts, comm.as_ref(), &mut reporter, &Default::default()),
