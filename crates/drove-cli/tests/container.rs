@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{DROVE, assets, run, text};
+use common::{DROVE, assets, coordinator_binary, run, text};
 
 /// The workspace root (this crate is `crates/drove-cli`).
 fn root() -> PathBuf {
@@ -43,35 +43,6 @@ fn tools() -> Result<PathBuf, String> {
         ));
     }
     Ok(PathBuf::from(conf))
-}
-
-/// `drove-coordinator`, built in this test's profile and target folder (the
-/// workspace build has built it already, so this only checks it is fresh).
-fn coordinator_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test's own path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(other) => other,
-        None => panic!("no profile folder above {}", exe.display()),
-    };
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = run(Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "drove-coordinator",
-            "--bin",
-            "drove-coordinator",
-            "--profile",
-            profile,
-        ])
-        .arg("--target-dir")
-        .arg(profile_dir.parent().expect("a target folder"))
-        .current_dir(env!("CARGO_MANIFEST_DIR")));
-    assert!(out.status.success(), "building drove-coordinator: {}", text(&out));
-    profile_dir.join("drove-coordinator")
 }
 
 /// Copies `from` to `to` without its debug sections (a tenth of the size) where

@@ -1,5 +1,5 @@
 //! A run that survives its coordinator, and one that names a hung rank: real
-//! `drove coordinator` processes on loopback, `drove run` with two ranks of
+//! `drove-coordinator` processes on loopback, `drove run` with two ranks of
 //! `drove train ner` on MiniLM and a slice of CoNLL-2003.
 //!
 //! - The coordinator is SIGKILLed mid-run and restarted 5 s later on the same
@@ -16,7 +16,7 @@ use std::os::unix::process::ExitStatusExt as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{DROVE, Proc, assets};
+use common::{DROVE, Proc, assets, coordinator_binary};
 
 /// How long a whole run may take here.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -26,12 +26,15 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// `drove coordinator` on `port` and `store`, once it says it listens.
+/// The `drove-coordinator` binary on `port` and `store`, once it says it listens.
 fn coordinator(port: u16, store: &std::path::Path, extra: &[&str]) -> Proc {
     let listen = format!("127.0.0.1:{port}");
-    let mut args = vec!["coordinator", "--listen", &listen, "--store", store.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let mut proc = Proc::drove(&args);
+    let mut proc = Proc::spawn(
+        Command::new(coordinator_binary())
+            .args(["--listen", &listen, "--store", store.to_str().unwrap()])
+            .args(extra)
+            .env("RUST_LOG", "warn"),
+    );
     proc.line(Duration::from_secs(60), |l| l.contains("listening on"));
     proc
 }

@@ -239,3 +239,32 @@ impl Drop for Proc {
         }
     }
 }
+
+/// `drove-coordinator`, built in this test's profile and target folder (the
+/// workspace build has built it already, so this only checks it is fresh).
+pub fn coordinator_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev",
+        Some(other) => other,
+        None => panic!("no profile folder above {}", exe.display()),
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = run(Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "drove-coordinator",
+            "--bin",
+            "drove-coordinator",
+            "--profile",
+            profile,
+        ])
+        .arg("--target-dir")
+        .arg(profile_dir.parent().expect("a target folder"))
+        .current_dir(env!("CARGO_MANIFEST_DIR")));
+    assert!(out.status.success(), "building drove-coordinator: {}", text(&out));
+    profile_dir.join("drove-coordinator")
+}
