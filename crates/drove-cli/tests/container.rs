@@ -42,7 +42,22 @@ fn tools() -> Result<PathBuf, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    Ok(PathBuf::from(conf))
+    let conf = PathBuf::from(conf);
+    // Installed is not enough: podman must be able to run a container here.
+    let probe = Command::new("podman")
+        .env("CONTAINERS_CONF", &conf)
+        .args(["--runtime", "runc", "run", "--rm", "--network", "none", "--ulimit", "host"])
+        .args(["docker.io/library/debian:bookworm-slim", "true"])
+        .output()
+        .map_err(|e| format!("running podman: {e}"))?;
+    if !probe.status.success() {
+        return Err(format!(
+            "podman cannot run a container here ({}): {}",
+            probe.status,
+            String::from_utf8_lossy(&probe.stderr).trim()
+        ));
+    }
+    Ok(conf)
 }
 
 /// Copies `from` to `to` without its debug sections (a tenth of the size) where
