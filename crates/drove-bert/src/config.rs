@@ -8,69 +8,33 @@ use crate::BertError;
 #[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
 pub struct BertConfig {
     /// Tokens in the vocabulary.
-    #[serde(deserialize_with = "named::vocab_size")]
     pub vocab_size: usize,
     /// Width of every hidden state.
-    #[serde(deserialize_with = "named::hidden_size")]
     pub hidden_size: usize,
     /// Encoder layers.
-    #[serde(deserialize_with = "named::num_hidden_layers")]
     pub num_hidden_layers: usize,
     /// Attention heads per layer (must divide `hidden_size`).
-    #[serde(deserialize_with = "named::num_attention_heads")]
     pub num_attention_heads: usize,
     /// Width of the feed-forward layer.
-    #[serde(deserialize_with = "named::intermediate_size")]
     pub intermediate_size: usize,
     /// Activation of the feed-forward layer; only `gelu` (exact) is supported.
-    #[serde(default = "default_act", deserialize_with = "named::hidden_act")]
+    #[serde(default = "default_act")]
     pub hidden_act: String,
     /// Dropout after embeddings, attention output and feed-forward output.
-    #[serde(default = "default_dropout", deserialize_with = "named::hidden_dropout_prob")]
+    #[serde(default = "default_dropout")]
     pub hidden_dropout_prob: f64,
     /// Dropout on attention probabilities.
-    #[serde(default = "default_dropout", deserialize_with = "named::attention_probs_dropout_prob")]
+    #[serde(default = "default_dropout")]
     pub attention_probs_dropout_prob: f64,
     /// Longest sequence the position embeddings cover.
-    #[serde(deserialize_with = "named::max_position_embeddings")]
     pub max_position_embeddings: usize,
     /// Token types (segments).
-    #[serde(default = "default_types", deserialize_with = "named::type_vocab_size")]
+    #[serde(default = "default_types")]
     pub type_vocab_size: usize,
     /// LayerNorm epsilon.
-    #[serde(default = "default_eps", deserialize_with = "named::layer_norm_eps")]
+    #[serde(default = "default_eps")]
     pub layer_norm_eps: f64,
 }
-
-/// One deserialiser per field that names the field in its errors: serde's own
-/// type errors ("invalid type: string \"x\", expected usize") name none.
-macro_rules! named_fields {
-    ($($field:ident: $ty:ty),* $(,)?) => {
-        mod named {
-            $(
-                pub(super) fn $field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
-                    <$ty as serde::Deserialize>::deserialize(d).map_err(|e| {
-                        <D::Error as serde::de::Error>::custom(format_args!("field `{}`: {e}", stringify!($field)))
-                    })
-                }
-            )*
-        }
-    };
-}
-
-named_fields!(
-    vocab_size: usize,
-    hidden_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    intermediate_size: usize,
-    hidden_act: String,
-    hidden_dropout_prob: f64,
-    attention_probs_dropout_prob: f64,
-    max_position_embeddings: usize,
-    type_vocab_size: usize,
-    layer_norm_eps: f64,
-);
 
 fn default_act() -> String {
     "gelu".into()
@@ -100,7 +64,16 @@ impl BertConfig {
         if !json.is_object() {
             return Err(err(format!("expected a JSON object of fields, found {}", kind(&json))));
         }
-        let config: BertConfig = serde_json::from_value(json).map_err(|e| err(e.to_string()))?;
+        // Through serde_path_to_error: serde's own type errors ("invalid type:
+        // string \"x\", expected usize") name no field.
+        let config: BertConfig = serde_path_to_error::deserialize(json).map_err(|e| {
+            let path = e.path().to_string();
+            err(if path == "." {
+                e.into_inner().to_string()
+            } else {
+                format!("field `{path}`: {}", e.into_inner())
+            })
+        })?;
         config.validate(path)?;
         Ok(config)
     }

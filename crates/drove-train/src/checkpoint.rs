@@ -56,58 +56,37 @@ fn io(path: &Path, what: &str, e: impl std::fmt::Display) -> CheckpointError {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LoopState {
     /// Epoch of the next batch.
-    #[serde(deserialize_with = "named::epoch")]
     pub epoch: usize,
     /// Next batch within that epoch.
-    #[serde(deserialize_with = "named::batch")]
     pub batch: usize,
     /// Optimiser steps taken.
-    #[serde(deserialize_with = "named::global_step")]
     pub global_step: u64,
     /// Ranks of the run that wrote it.
-    #[serde(deserialize_with = "named::world_size")]
     pub world_size: usize,
     /// Rows per batch per rank.
-    #[serde(deserialize_with = "named::batch_size")]
     pub batch_size: usize,
     /// Base seed.
-    #[serde(deserialize_with = "named::seed")]
     pub seed: u64,
     /// Training sentences used.
-    #[serde(deserialize_with = "named::train_sentences")]
     pub train_sentences: usize,
     /// Evaluation results so far, in order.
-    #[serde(deserialize_with = "named::history")]
     pub history: Vec<serde_json::Value>,
 }
 
-/// One deserialiser per field of [`LoopState`] that names the field in its
-/// errors: serde's own type errors ("invalid type: string \"x\", expected
-/// usize") name none.
-macro_rules! named_fields {
-    ($($field:ident: $ty:ty),* $(,)?) => {
-        mod named {
-            $(
-                pub(super) fn $field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
-                    <$ty as serde::Deserialize>::deserialize(d).map_err(|e| {
-                        <D::Error as serde::de::Error>::custom(format_args!("field `{}`: {e}", stringify!($field)))
-                    })
-                }
-            )*
-        }
-    };
+impl LoopState {
+    /// Reads a loop state from `state.json`'s JSON; the error names the field
+    /// at fault (serde's own type errors name none).
+    pub fn from_json(json: serde_json::Value) -> Result<LoopState, String> {
+        serde_path_to_error::deserialize(json).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." {
+                e.into_inner().to_string()
+            } else {
+                format!("field `{path}`: {}", e.into_inner())
+            }
+        })
+    }
 }
-
-named_fields!(
-    epoch: usize,
-    batch: usize,
-    global_step: u64,
-    world_size: usize,
-    batch_size: usize,
-    seed: u64,
-    train_sentences: usize,
-    history: Vec<serde_json::Value>,
-);
 
 /// The checkpoint folder of a step.
 pub fn step_dir(root: &Path, step: u64) -> PathBuf {

@@ -700,11 +700,10 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             return Ok(());
         };
         let json = self.replica.load(&dir)?;
-        let s: LoopState =
-            serde_json::from_value(json).map_err(|e| checkpoint::CheckpointError::Corrupt {
-                path: dir.join("state.json"),
-                message: format!("not the state of a NER fine-tune ({e})"),
-            })?;
+        let s = LoopState::from_json(json).map_err(|e| checkpoint::CheckpointError::Corrupt {
+            path: dir.join("state.json"),
+            message: format!("not the state of a NER fine-tune ({e})"),
+        })?;
         let fresh = &self.state;
         for (what, theirs, ours) in [
             ("world size", s.world_size as u64, fresh.world_size as u64),

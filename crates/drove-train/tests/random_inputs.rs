@@ -250,9 +250,9 @@ fn check(dir: &Path, bytes: &[u8], valid: &Value) -> Result<(), String> {
                 return Err("the parameters changed".into());
             }
             // As the NER loop reads it on resume.
-            match serde_json::from_value::<LoopState>(loaded.state) {
+            match LoopState::from_json(loaded.state) {
                 Ok(_) => Ok(()),
-                Err(e) => names_a_culprit(&e.to_string(), &json, valid),
+                Err(e) => names_a_culprit(&e, &json, valid),
             }
         }
     }
@@ -304,12 +304,11 @@ fn mutated_state_json_never_panics_and_errors_name_the_file_and_field() {
 
 #[test]
 fn a_field_of_the_wrong_type_is_named() {
-    let err = serde_json::from_value::<LoopState>(json!({
+    let err = LoopState::from_json(json!({
         "epoch": 1, "batch": "3", "global_step": 7, "world_size": 2, "batch_size": 8,
         "seed": 42, "train_sentences": 100, "history": []
     }))
-    .unwrap_err()
-    .to_string();
+    .unwrap_err();
     assert!(err.contains("field `batch`: invalid type"), "{err}");
 }
 
