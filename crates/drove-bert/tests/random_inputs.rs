@@ -13,6 +13,8 @@
 //! safetensors, `header` or a tensor the header holds; a weights file that loads
 //! accounts for every parameter.
 
+mod common;
+
 use std::cell::RefCell;
 use std::path::Path;
 
@@ -383,37 +385,13 @@ fn tiny() -> BertConfig {
 
 const LABELS: usize = 2;
 
-/// Every parameter of `tiny()` with its HuggingFace name and PyTorch shape.
+/// Every parameter of `tiny()` with its HuggingFace name and PyTorch shape
+/// (the pooler left out: the model has none).
 fn tensors(c: &BertConfig) -> Vec<(String, Vec<usize>)> {
-    let (h, i) = (c.hidden_size, c.intermediate_size);
-    let mut t = vec![
-        ("bert.embeddings.word_embeddings.weight".to_string(), vec![c.vocab_size, h]),
-        ("bert.embeddings.position_embeddings.weight".into(), vec![c.max_position_embeddings, h]),
-        ("bert.embeddings.token_type_embeddings.weight".into(), vec![c.type_vocab_size, h]),
-        ("bert.embeddings.LayerNorm.weight".into(), vec![h]),
-        ("bert.embeddings.LayerNorm.bias".into(), vec![h]),
-    ];
-    for l in 0..c.num_hidden_layers {
-        let p = format!("bert.encoder.layer.{l}.");
-        for (name, out, inp) in [
-            ("attention.self.query", h, h),
-            ("attention.self.key", h, h),
-            ("attention.self.value", h, h),
-            ("attention.output.dense", h, h),
-            ("intermediate.dense", i, h),
-            ("output.dense", h, i),
-        ] {
-            t.push((format!("{p}{name}.weight"), vec![out, inp]));
-            t.push((format!("{p}{name}.bias"), vec![out]));
-        }
-        for name in ["attention.output.LayerNorm", "output.LayerNorm"] {
-            t.push((format!("{p}{name}.weight"), vec![h]));
-            t.push((format!("{p}{name}.bias"), vec![h]));
-        }
-    }
-    t.push(("classifier.weight".into(), vec![LABELS, h]));
-    t.push(("classifier.bias".into(), vec![LABELS]));
-    t
+    common::hf_tensors(c, "bert.", Some(LABELS))
+        .into_iter()
+        .filter(|(name, _)| !name.contains("pooler"))
+        .collect()
 }
 
 /// A valid file's JSON header and data (F32, values 0.5 apart).
