@@ -40,6 +40,13 @@ echo "test: cargo doc (rustdoc warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "test: cargo package --workspace (each crate built from its own tarball)"
 package_started=$(date +%s)
+# cargo verifies each tarball against the others through a local registry whose
+# sources it unpacks under CARGO_HOME, in a folder named by a hash of this
+# checkout's path, and it never unpacks a name-version there again: a second
+# run from the same path would build against the first run's drove crates
+# (stale generated code). Drop those unpacked drove crates first.
+cargo_home="${CARGO_HOME:-$HOME/.cargo}"
+rm -rf "$cargo_home"/registry/src/-*/drove-*
 cargo package --workspace --locked --allow-dirty
 echo "test: cargo package took $(( $(date +%s) - package_started )) s"
 echo "test: the GPU build (features cuda,nccl)"
