@@ -7,7 +7,8 @@
 # (14,041 sentences, 439 steps), 8 sentences per rank (32 a step), the learning
 # rate scaled linearly to 1e-4, test-set F1 at the end.
 # Prints test entity F1, mask agreement and gradient cosine at the end; the
-# metrics stay in runs/main/store (`drove metrics --store runs/main/store --run main`).
+# metrics stay in runs/main/store (`drove metrics --store runs/main/store --run main`),
+# and `drove report` draws them into runs/main/report/index.html.
 #
 # Extra arguments go to `drove train ner` (e.g. --seeding naive, --epochs 3).
 set -euo pipefail
@@ -23,5 +24,7 @@ mkdir -p "$out"
     "$drove" train ner --data assets/conll2003 --model assets/minilm --out "$out" \
     --epochs 1 --batch-size 8 --lr 2.5e-5 \
     --augment-mask 0.15 --seeding derived --diagnose-every 10 --eval test "$@"
+"$drove" report --store "$out/store" --run main --out "$out/report"
 echo
 echo "metrics: $drove metrics --store $out/store --run main --name test_f1"
+echo "report:  $out/report/index.html (charts as PNG and SVG beside it)"

@@ -420,7 +420,8 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
         if !emit(&line)? {
             break;
         }
-        for e in &r.events {
+        // The options event is one long JSON object, for `drove report` and --json.
+        for e in r.events.iter().filter(|e| e.kind != "options") {
             if !emit(&format!("    {} at step {} (rank {}): {}", e.kind, e.step, e.rank, e.message))? {
                 return Ok(());
             }

@@ -23,6 +23,7 @@
 //!   with a coordinator (in-process unless one is given), relaying their output
 //!   and stopping them all when one fails; `drove check` is a program to run
 //!   under it; `drove metrics` and `drove runs` query a coordinator;
+//!   `drove report` draws a run's charts into an HTML page;
 //!   `drove bench coordinator` measures one.
 //!
 //! Results go to stdout (one JSON object with `--json`); logs go to stderr,
@@ -36,6 +37,7 @@ mod control;
 mod diag;
 mod gpu;
 mod launch;
+mod report;
 mod seed;
 mod train;
 
@@ -85,6 +87,10 @@ enum Command {
     Metrics(control::MetricsArgs),
     /// List the runs a coordinator knows.
     Runs(control::RunsArgs),
+    /// Write a run's charts (PNG and SVG) and one HTML page with its header
+    /// and diversity verdict, from a coordinator or its store; during the run
+    /// or after it.
+    Report(report::ReportArgs),
     /// Ask a coordinator whether it is serving (gRPC health; exits 0 only on
     /// SERVING): for container health checks.
     Health(control::HealthArgs),
@@ -151,6 +157,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check(args) => check::run(&args),
         Command::Metrics(args) => done(control::metrics(&args)),
         Command::Runs(args) => done(control::runs(&args)),
+        Command::Report(args) => done(report::run(&args)),
         Command::Health(args) => done(control::health(&args)),
     }
 }

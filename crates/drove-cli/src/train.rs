@@ -288,6 +288,7 @@ impl Observer for Reporter {
         self.record(r.step, "grad_norm", r.grad_norm);
         self.record(r.step, "sentences_per_s", r.sentences_per_s);
         self.record(r.step, "tokens_per_s", r.tokens_per_s);
+        self.record(r.step, "epoch", r.epoch as f64);
         if self.rank != 0 {
             return;
         }
@@ -330,6 +331,8 @@ impl Observer for Reporter {
 
     fn diagnosed(&mut self, r: &DiagnoseReport) {
         self.record(r.step, "mask_agreement", r.mask_agreement);
+        self.record(r.step, "mask_agreement_expected", r.mask_expected);
+        self.record(r.step, "mask_agreement_sigma", r.mask_sigma);
         self.record(r.step, "grad_cosine", r.grad_cosine);
         self.say(&format!(
             "step {}: mask agreement {:.4}, gradient cosine {:.4}",
@@ -420,6 +423,21 @@ fn close_metrics(reporter: &mut Reporter, rank: usize) {
     }
 }
 
+/// The run's settings as an `options` event of the run (what `drove report`
+/// shows in its header): the options as resolved, the world size and the
+/// restart, as one JSON object.
+fn record_options(reporter: &Reporter, opts: &NerOptions, world_size: usize, restart: u32) {
+    let Some(m) = &reporter.metrics else { return };
+    let mut options = serde_json::to_value(opts).unwrap_or_default();
+    if let Some(o) = options.as_object_mut() {
+        o.insert("world_size".into(), world_size.into());
+        o.insert("restart".into(), restart.into());
+    }
+    if let Err(e) = m.event(0.0, "options", &options.to_string(), std::time::Duration::from_secs(10)) {
+        reporter.say(&format!("warning: recording the run's options: {e}"));
+    }
+}
+
 /// `DROVE_RESTART_COUNT`: how many times `drove run` has restarted the world (0 if unset).
 fn restart_count() -> anyhow::Result<u32> {
     match std::env::var("DROVE_RESTART_COUNT") {
@@ -469,6 +487,9 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         fail_at: args.fail_at_step.filter(|_| restart == 0).map(|s| (s, args.rank_to_fail)),
         to_launcher: std::env::var("DROVE_PROGRESS").is_ok_and(|v| v == "launcher"),
     };
+    if rank == 0 {
+        record_options(&reporter, &opts, comm.world_size(), restart);
+    }
     let summary = match &gpu {
         None => train_ner::<Backend>(&opts, comm.as_ref(), &mut reporter, &Default::default()),
         Some(gpu) => gpu.train_ner(&opts, comm.as_ref(), &mut reporter),

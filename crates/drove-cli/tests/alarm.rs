@@ -41,6 +41,12 @@ fn runs(store: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The run's diversity alarms (its other events are its options).
+fn alarms(run: &serde_json::Value) -> Vec<serde_json::Value> {
+    let events = run["events"].as_array().expect("events");
+    events.iter().filter(|e| e["kind"] != "options").cloned().collect()
+}
+
 #[test]
 fn naive_seeding_sets_the_alarm_off_at_the_first_diagnosed_step_and_warns() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,7 +67,7 @@ fn naive_seeding_sets_the_alarm_off_at_the_first_diagnosed_step_and_warns() {
     let s = summary(&out);
     assert!(s["diversity_alarm"].as_str().is_some_and(|a| a.starts_with("step 50: Identical masks")), "{s}");
     let runs = runs(&store);
-    let events = runs["runs"][0]["events"].as_array().expect("events");
+    let events = alarms(&runs["runs"][0]);
     assert_eq!(events.len(), 1, "{runs}");
     assert_eq!(
         (events[0]["kind"].as_str(), events[0]["step"].as_f64()),
@@ -94,7 +100,7 @@ fn naive_seeding_with_fail_stops_every_rank_at_that_step_with_its_code() {
     let run = &runs["runs"][0];
     assert_eq!(run["state"], "failed", "{runs}");
     assert_eq!(
-        run["events"][0]["step"].as_f64(),
+        alarms(run)[0]["step"].as_f64(),
         Some(5.0),
         "the event is stored before the ranks stop: {runs}"
     );
@@ -117,5 +123,10 @@ fn derived_seeding_never_sets_it_off() {
     assert!(s["diversity_alarm"].is_null(), "{s}");
     assert_eq!(s["mask_agreement"]["steps"], 20, "every step diagnosed: {s}");
     assert_eq!(s["mask_agreement"]["verdict"], "diverse", "{s}");
-    assert!(runs(&store)["runs"][0]["events"].as_array().unwrap().is_empty());
+    let runs = runs(&store);
+    assert!(alarms(&runs["runs"][0]).is_empty(), "{runs}");
+    let options = &runs["runs"][0]["events"][0];
+    assert_eq!(options["kind"], "options", "rank 0 records the run's options first: {runs}");
+    let options: serde_json::Value = serde_json::from_str(options["message"].as_str().unwrap()).unwrap();
+    assert_eq!((options["world_size"].as_u64(), options["diagnose_every"].as_u64()), (Some(2), Some(1)));
 }

@@ -301,6 +301,11 @@ pub struct DiagnoseReport {
     /// Mean over pairs of ranks of the fraction of positions (maskable on both)
     /// where the masks agree.
     pub mask_agreement: f64,
+    /// This step's agreement of independent masks, `p^2 + (1-p)^2`.
+    pub mask_expected: f64,
+    /// The standard deviation of this step's agreement for independent masks
+    /// (its 3-sigma band is `mask_expected +- 3 mask_sigma`).
+    pub mask_sigma: f64,
     /// Mean over pairs of ranks of the cosine similarity of their local gradients.
     pub grad_cosine: f64,
 }
@@ -1039,6 +1044,8 @@ fn diagnose(
         step,
         masks: so_far,
         mask_agreement: report.mean_agreement,
+        mask_expected: report.expected,
+        mask_sigma: report.sigma,
         grad_cosine: if pairs == 0 { 1.0 } else { sum / pairs as f64 },
     })
 }
