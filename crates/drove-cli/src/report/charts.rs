@@ -193,7 +193,8 @@ pub fn build(run: &RunData) -> Vec<Chart> {
 /// the run recorded no epochs).
 fn evaluations(names: &BTreeMap<&str, Vec<&Point>>, epochs: &[StepStats]) -> Vec<Chart> {
     let epoch_at = |step: f64| epochs.iter().find(|e| e.step == step).map(|e| e.mean);
-    let epochs_of = |stats: &[StepStats]| stats.iter().map(|s| epoch_at(s.step)).collect::<Option<Vec<f64>>>();
+    let epochs_of =
+        |stats: &[StepStats]| stats.iter().map(|s| epoch_at(s.step)).collect::<Option<Vec<f64>>>();
     let mut charts = Vec::new();
     for set in names.keys().filter_map(|n| n.strip_suffix("_f1")) {
         let found: Vec<(usize, &str, Vec<StepStats>)> =
@@ -379,10 +380,17 @@ impl Chart {
                 let pad = (hi - lo) * 0.04;
                 lo - pad..hi + pad
             }
-            None => range(self.series.iter().flat_map(|s| s.y.iter().chain(s.low.iter().flatten()).copied()), 0.06),
+            None => range(
+                self.series.iter().flat_map(|s| s.y.iter().chain(s.low.iter().flatten()).copied()),
+                0.06,
+            ),
         };
         // Whole epochs on an epoch axis.
-        let x_labels = if self.x_label == "epoch" { ((xs.end - xs.start).round() as usize + 1).clamp(2, 10) } else { 10 };
+        let x_labels = if self.x_label == "epoch" {
+            ((xs.end - xs.start).round() as usize + 1).clamp(2, 10)
+        } else {
+            10
+        };
         let mut chart = ChartBuilder::on(root)
             .caption(&self.title, ("sans-serif", 20))
             .margin(12)
@@ -419,12 +427,19 @@ impl Chart {
             let band = s.kind == Kind::Band;
             legend.label(s.label.as_str()).legend(move |(x, y)| {
                 let style = if band { color.mix(0.3).filled() } else { color.filled() };
-                Rectangle::new([(x, y - if band { 5 } else { 1 }), (x + 20, y + if band { 5 } else { 1 })], style)
+                Rectangle::new(
+                    [(x, y - if band { 5 } else { 1 }), (x + 20, y + if band { 5 } else { 1 })],
+                    style,
+                )
             });
         }
         chart
             .configure_series_labels()
-            .position(if self.legend_low { SeriesLabelPosition::LowerRight } else { SeriesLabelPosition::UpperRight })
+            .position(if self.legend_low {
+                SeriesLabelPosition::LowerRight
+            } else {
+                SeriesLabelPosition::UpperRight
+            })
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(200, 200, 200))
             .label_font(("sans-serif", 13))
@@ -457,11 +472,19 @@ mod tests {
 
     #[test]
     fn loss_is_the_mean_across_ranks_within_the_min_max_band() {
-        let r = run(vec![p("loss", 1.0, 0, 2.0), p("loss", 1.0, 1, 4.0), p("loss", 2.0, 1, 1.0), p("loss", 2.0, 0, 3.0)]);
+        let r = run(vec![
+            p("loss", 1.0, 0, 2.0),
+            p("loss", 1.0, 1, 4.0),
+            p("loss", 2.0, 1, 1.0),
+            p("loss", 2.0, 0, 3.0),
+        ]);
         let charts = build(&r);
         assert_eq!(charts.len(), 1);
         let [band, mean] = &charts[0].series[..] else { panic!("{:?}", charts[0].series) };
-        assert_eq!((band.kind, &band.x, &band.y, band.low.as_deref()), (Kind::Band, &vec![1.0, 2.0], &vec![4.0, 3.0], Some(&[2.0, 1.0][..])));
+        assert_eq!(
+            (band.kind, &band.x, &band.y, band.low.as_deref()),
+            (Kind::Band, &vec![1.0, 2.0], &vec![4.0, 3.0], Some(&[2.0, 1.0][..]))
+        );
         assert_eq!((mean.kind, &mean.y), (Kind::Line, &vec![3.0, 2.0]));
     }
 
@@ -483,7 +506,10 @@ mod tests {
         // Without epochs, the steps.
         let r = run(vec![p("test set_f1", 7.0, 0, 0.9)]);
         let eval = &build(&r)[0];
-        assert_eq!((eval.id.as_str(), eval.x_label.as_str(), &eval.series[0].x), ("eval_test_set", "step", &vec![7.0]));
+        assert_eq!(
+            (eval.id.as_str(), eval.x_label.as_str(), &eval.series[0].x),
+            ("eval_test_set", "step", &vec![7.0])
+        );
     }
 
     #[test]
@@ -496,7 +522,10 @@ mod tests {
         }
         let charts = build(&run(points));
         let masks = &charts[0];
-        assert_eq!(masks.series.iter().map(|s| s.kind).collect::<Vec<_>>(), [Kind::Band, Kind::Line, Kind::Markers]);
+        assert_eq!(
+            masks.series.iter().map(|s| s.kind).collect::<Vec<_>>(),
+            [Kind::Band, Kind::Line, Kind::Markers]
+        );
         let band = &masks.series[0];
         assert!((band.y[0] - 0.775).abs() < 1e-12 && (band.low.as_ref().unwrap()[0] - 0.715).abs() < 1e-12);
         assert_eq!(outside_band(masks), Some((vec![0.75, 0.99], 1)));

@@ -146,11 +146,8 @@ async fn from_coordinator(addr: &str, token: Option<&str>, wanted: Option<&str>)
     let ids: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
     let id = pick(&ids, wanted, &at)?.to_string();
     let info: RunInfo = runs.into_iter().find(|r| r.run_id == id).expect("picked among them");
-    let query = QueryRequest {
-        run_id: id.clone(),
-        aggregation: Aggregation::Raw as i32,
-        ..QueryRequest::default()
-    };
+    let query =
+        QueryRequest { run_id: id.clone(), aggregation: Aggregation::Raw as i32, ..QueryRequest::default() };
     let points = clients
         .metrics
         .query(query)

@@ -77,7 +77,10 @@ impl Verdict {
         if let Some(alarm) = run.events.iter().find(|e| e.kind == "diversity_alarm") {
             return Verdict {
                 status: "alarm",
-                text: format!("Diversity alarm at step {} (rank {}): {}", alarm.step, alarm.rank, alarm.message),
+                text: format!(
+                    "Diversity alarm at step {} (rank {}): {}",
+                    alarm.step, alarm.rank, alarm.message
+                ),
             };
         }
         let Some((agreement, outside)) = masks.and_then(charts::outside_band) else {

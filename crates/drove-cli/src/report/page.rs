@@ -62,7 +62,13 @@ window.addEventListener('load', function () {
 ";
 
 /// The whole page.
-pub fn html(run: &RunData, verdict: &Verdict, charts: &[Chart], svgs: &[String], generated_ms: i64) -> String {
+pub fn html(
+    run: &RunData,
+    verdict: &Verdict,
+    charts: &[Chart],
+    svgs: &[String],
+    generated_ms: i64,
+) -> String {
     let mut h = String::new();
     let id = escape(&run.run_id);
     let _ = write!(
@@ -127,10 +133,15 @@ fn options(h: &mut String, run: &RunData) {
         h.push_str("<p class=\"missing\">No options recorded (a run of an older drove, or not `drove train ner`).</p>\n");
         return;
     };
-    let key: Vec<String> = ["seeding", "augment_mask", "batch_size", "lr", "epochs", "diagnose_every", "model"]
-        .iter()
-        .filter_map(|k| options.get(*k).map(|v| format!("{k} {}", v.as_str().map_or_else(|| v.to_string(), str::to_string))))
-        .collect();
+    let key: Vec<String> =
+        ["seeding", "augment_mask", "batch_size", "lr", "epochs", "diagnose_every", "model"]
+            .iter()
+            .filter_map(|k| {
+                options
+                    .get(*k)
+                    .map(|v| format!("{k} {}", v.as_str().map_or_else(|| v.to_string(), str::to_string)))
+            })
+            .collect();
     let _ = writeln!(h, "<p class=\"key-options\"><code>{}</code></p>", escape(&key.join(" · ")));
     h.push_str("<details>\n<summary>Every option</summary>\n<table class=\"options\">\n");
     for (k, v) in &options {
