@@ -430,6 +430,8 @@ fn record_options(reporter: &Reporter, opts: &NerOptions, world_size: usize, res
     let Some(m) = &reporter.metrics else { return };
     let mut options = serde_json::to_value(opts).unwrap_or_default();
     if let Some(o) = options.as_object_mut() {
+        // The name `--seeding` takes, not the enum's.
+        o.insert("seeding".into(), opts.seeding.name().into());
         o.insert("world_size".into(), world_size.into());
         o.insert("restart".into(), restart.into());
     }

@@ -129,4 +129,5 @@ fn derived_seeding_never_sets_it_off() {
     assert_eq!(options["kind"], "options", "rank 0 records the run's options first: {runs}");
     let options: serde_json::Value = serde_json::from_str(options["message"].as_str().unwrap()).unwrap();
     assert_eq!((options["world_size"].as_u64(), options["diagnose_every"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(options["seeding"], "derived", "by the name --seeding takes");
 }

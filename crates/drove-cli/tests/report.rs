@@ -270,7 +270,7 @@ fn reports_a_run_while_it_goes_and_after_from_the_store_and_over_grpc() {
     assert_eq!(last["run"]["events"][0]["kind"], "options");
     let ids: Vec<&str> =
         last["charts"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
-    let want = ["loss", "lr", "grad_norm", "sentences_per_s", "eval_valid", "mask_agreement", "grad_cosine"];
+    let want = ["loss", "mask_agreement", "eval_valid", "grad_cosine", "lr", "grad_norm", "sentences_per_s"];
     assert_eq!(ids, want);
     assert_prefix(&live, &last);
 

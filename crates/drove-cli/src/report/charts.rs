@@ -143,21 +143,17 @@ fn chart(id: &str, title: &str, x_label: &str, y_label: &str, series: Vec<Series
     }
 }
 
-/// Every chart the run's points allow, in page order: loss, learning rate,
-/// gradient norm, throughput, each evaluated set, mask agreement, gradient
-/// cosine. A chart without points is left out.
+/// Every chart the run's points allow, in page order: loss, mask agreement,
+/// each evaluated set, gradient cosine, learning rate, gradient norm,
+/// throughput (the story's charts first). A chart without points is left out.
 pub fn build(run: &RunData) -> Vec<Chart> {
     let names = by_name(&run.points);
     let stats = |name: &str| names.get(name).map(|p| per_step(p)).unwrap_or_default();
     let mut charts = Vec::new();
-    let loss = stats("loss");
-    if !loss.is_empty() {
-        let mut band = line("min-max across ranks", Kind::Band, 0, &loss);
-        band.y = loss.iter().map(|s| s.max).collect();
-        band.low = Some(loss.iter().map(|s| s.min).collect());
-        let mean = line("mean across ranks", Kind::Line, 0, &loss);
-        charts.push(chart("loss", "Training loss", "step", "loss", vec![band, mean]));
-    }
+    charts.extend(loss(&stats("loss")));
+    charts.extend(mask_agreement(&stats));
+    charts.extend(evaluations(&names, &stats("epoch")));
+    charts.extend(grad_cosine(&stats("grad_cosine")));
     for (id, title, y, label) in [
         ("lr", "Learning rate", "learning rate", "learning rate"),
         ("grad_norm", "Gradient norm (before clipping)", "L2 norm", "gradient norm"),
@@ -168,24 +164,36 @@ pub fn build(run: &RunData) -> Vec<Chart> {
             charts.push(chart(id, title, "step", y, vec![line(label, Kind::Line, 0, &s)]));
         }
     }
-    charts.extend(evaluations(&names, &stats("epoch")));
-    if let Some(masks) = mask_agreement(&stats) {
-        charts.push(masks);
-    }
-    let cosine = stats("grad_cosine");
-    if !cosine.is_empty() {
-        let kind = if cosine.len() > 50 { Kind::Line } else { Kind::Markers };
-        let mut c = chart(
-            "grad_cosine",
-            "Gradient cosine between ranks (diagnosed steps)",
-            "step",
-            "mean cosine over pairs of ranks",
-            vec![line("gradient cosine", kind, 4, &cosine)],
-        );
-        c.legend_low = true;
-        charts.push(c);
-    }
     charts
+}
+
+/// The mean loss across ranks in its min-max band.
+fn loss(loss: &[StepStats]) -> Option<Chart> {
+    if loss.is_empty() {
+        return None;
+    }
+    let mut band = line("min-max across ranks", Kind::Band, 0, loss);
+    band.y = loss.iter().map(|s| s.max).collect();
+    band.low = Some(loss.iter().map(|s| s.min).collect());
+    let mean = line("mean across ranks", Kind::Line, 0, loss);
+    Some(chart("loss", "Training loss", "step", "loss", vec![band, mean]))
+}
+
+/// The gradient cosine of each diagnosed step.
+fn grad_cosine(cosine: &[StepStats]) -> Option<Chart> {
+    if cosine.is_empty() {
+        return None;
+    }
+    let kind = if cosine.len() > 50 { Kind::Line } else { Kind::Markers };
+    let mut c = chart(
+        "grad_cosine",
+        "Gradient cosine between ranks (diagnosed steps)",
+        "step",
+        "mean cosine over pairs of ranks",
+        vec![line("gradient cosine", kind, 4, cosine)],
+    );
+    c.legend_low = true;
+    Some(c)
 }
 
 /// One chart per evaluated set (`SET_f1`, `SET_precision`, `SET_recall`),

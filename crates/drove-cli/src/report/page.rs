@@ -26,7 +26,7 @@ pub fn escape(s: &str) -> String {
 }
 
 const STYLE: &str = "
-body { font-family: 'DejaVu Sans', Arial, sans-serif; margin: 24px auto; max-width: 1000px; color: #222; }
+body { font-family: 'DejaVu Sans', Arial, sans-serif; margin: 24px auto; padding: 0 16px; max-width: 1000px; color: #222; }
 h1 { font-size: 22px; margin: 0 0 12px; } h2 { font-size: 17px; margin: 24px 0 8px; }
 code { background: #f3f3f3; padding: 1px 4px; border-radius: 3px; }
 table { border-collapse: collapse; font-size: 14px; }
