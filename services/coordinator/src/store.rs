@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 /// A store that cannot be opened or used.
 #[derive(Debug, thiserror::Error)]
@@ -266,6 +266,20 @@ impl Store {
                 }
             }
         }
+        Ok(Store { conn: Arc::new(Mutex::new(Db { conn, series: HashMap::new() })), db, blobs })
+    }
+
+    /// Opens the store in folder `dir` for reading only: nothing is created,
+    /// migrated or written, so a reader (`drove report`) can sit beside the
+    /// coordinator that writes it (in WAL mode a reader and the writer do not
+    /// block each other). Writes through it fail.
+    pub fn open_read_only(dir: &Path) -> Result<Store, StoreError> {
+        let db = dir.join("coordinator.db");
+        let sql = |source| StoreError::Sql { path: db.clone(), source };
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(&db, flags).map_err(sql)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(sql)?;
+        let blobs = dir.join("blobs");
         Ok(Store { conn: Arc::new(Mutex::new(Db { conn, series: HashMap::new() })), db, blobs })
     }
 
@@ -719,5 +733,36 @@ impl Store {
             })
             .map_err(self.sql())?;
         rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(step: f64) -> Point {
+        Point { id: 0, run_id: "r".into(), rank: 0, step, name: "loss".into(), value: step, wall_ms: 1 }
+    }
+
+    #[test]
+    fn a_read_only_store_sees_the_writer_live_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert!(Store::open_read_only(&empty).is_err(), "no store there");
+        assert!(!empty.join("coordinator.db").exists(), "and none is created");
+
+        let writer = Store::open(dir.path()).unwrap();
+        writer.upsert_run("r", "running", 1, 1).unwrap();
+        writer.insert_points(vec![point(1.0)]).unwrap();
+        let reader = Store::open_read_only(dir.path()).unwrap();
+        let all = Filter { run_id: "r".into(), ..Filter::default() };
+        assert_eq!(reader.runs().unwrap()[0].state, "running");
+        assert_eq!(reader.points(&all, false).unwrap().len(), 1);
+        writer.insert_points(vec![point(2.0)]).unwrap();
+        assert_eq!(reader.points(&all, false).unwrap().len(), 2, "the writer's new point, live");
+        assert!(reader.upsert_run("r", "finished", 1, 1).is_err(), "a write through the reader fails");
+        assert!(reader.insert_points(vec![point(3.0)]).is_err());
+        assert_eq!(writer.runs().unwrap()[0].state, "running");
     }
 }

@@ -98,13 +98,14 @@ fn pick<'a>(ids: &[&'a str], wanted: Option<&str>, at: &str) -> anyhow::Result<&
     }
 }
 
-/// Reads the store in `dir` in this process (SQLite allows readers beside
-/// the coordinator that writes it).
+/// Reads the store in `dir` in this process, read-only: beside a coordinator
+/// that writes it, nothing is changed and neither blocks the other.
 fn from_store(dir: &Path, wanted: Option<&str>) -> anyhow::Result<RunData> {
     if !dir.join("coordinator.db").is_file() {
         bail!("no coordinator store at {} (no coordinator.db in it)", dir.display());
     }
-    let store = Store::open(dir).map_err(|e| anyhow!("opening the store {}: {e}", dir.display()))?;
+    let store =
+        Store::open_read_only(dir).map_err(|e| anyhow!("opening the store {}: {e}", dir.display()))?;
     let at = format!("the store {}", dir.display());
     let runs = store.runs().map_err(|e| anyhow!("reading {at}: {e}"))?;
     let ids: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
