@@ -3,10 +3,12 @@
 //! Text is set in DejaVu Sans, compiled in: no system font is needed.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::OnceLock;
 
 use anyhow::anyhow;
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -315,7 +317,7 @@ fn fonts() -> anyhow::Result<()> {
 }
 
 /// A padded range holding every value of `values` (finite ones).
-fn range(values: impl Iterator<Item = f64>, pad: f64) -> std::ops::Range<f64> {
+fn range(values: impl Iterator<Item = f64>, pad: f64) -> Range<f64> {
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
     for v in values.filter(|v| v.is_finite()) {
         lo = lo.min(v);
@@ -377,11 +379,8 @@ impl Chart {
         Ok(png)
     }
 
-    fn draw<DB: DrawingBackend>(
-        &self,
-        root: &DrawingArea<DB, Shift>,
-    ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-        root.fill(&WHITE)?;
+    /// The x range, the y range and how many x labels to draw.
+    fn axes(&self) -> (Range<f64>, Range<f64>, usize) {
         let xs = range(self.series.iter().flat_map(|s| s.x.iter().copied()), 0.02);
         let ys = match self.y_range {
             Some((lo, hi)) => {
@@ -399,6 +398,15 @@ impl Chart {
         } else {
             10
         };
+        (xs, ys, x_labels)
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: &DrawingArea<DB, Shift>,
+    ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+        root.fill(&WHITE)?;
+        let (xs, ys, x_labels) = self.axes();
         let mut chart = ChartBuilder::on(root)
             .caption(&self.title, ("sans-serif", 20))
             .margin(12)
@@ -416,42 +424,49 @@ impl Chart {
             .label_style(("sans-serif", 13))
             .draw()?;
         for s in &self.series {
-            let color = PALETTE[s.color % PALETTE.len()];
-            let points: Vec<(f64, f64)> = s.x.iter().copied().zip(s.y.iter().copied()).collect();
-            let legend = match s.kind {
-                Kind::Band => {
-                    let low = s.low.as_deref().unwrap_or(&[]);
-                    let mut outline = points.clone();
-                    outline.extend(s.x.iter().copied().zip(low.iter().copied()).rev());
-                    chart.draw_series(std::iter::once(Polygon::new(outline, color.mix(0.18).filled())))?
-                }
-                Kind::Line | Kind::Markers => {
-                    if s.kind == Kind::Markers || points.len() == 1 {
-                        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
-                    }
-                    chart.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-                }
-            };
-            let band = s.kind == Kind::Band;
-            legend.label(s.label.as_str()).legend(move |(x, y)| {
-                let style = if band { color.mix(0.3).filled() } else { color.filled() };
-                Rectangle::new(
-                    [(x, y - if band { 5 } else { 1 }), (x + 20, y + if band { 5 } else { 1 })],
-                    style,
-                )
-            });
+            s.draw(&mut chart)?;
         }
+        let corner =
+            if self.legend_low { SeriesLabelPosition::LowerRight } else { SeriesLabelPosition::UpperRight };
         chart
             .configure_series_labels()
-            .position(if self.legend_low {
-                SeriesLabelPosition::LowerRight
-            } else {
-                SeriesLabelPosition::UpperRight
-            })
+            .position(corner)
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(200, 200, 200))
             .label_font(("sans-serif", 13))
             .draw()?;
+        Ok(())
+    }
+}
+
+/// The chart area a series is drawn on.
+type Plot<'a, 'b, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+impl Series {
+    /// Draws this series and its legend entry.
+    fn draw<DB: DrawingBackend>(
+        &self,
+        chart: &mut Plot<'_, '_, DB>,
+    ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+        let color = PALETTE[self.color % PALETTE.len()];
+        let points: Vec<(f64, f64)> = self.x.iter().copied().zip(self.y.iter().copied()).collect();
+        let band = self.kind == Kind::Band;
+        let legend = if band {
+            let low = self.low.as_deref().unwrap_or(&[]);
+            let mut outline = points;
+            outline.extend(self.x.iter().copied().zip(low.iter().copied()).rev());
+            chart.draw_series(std::iter::once(Polygon::new(outline, color.mix(0.18).filled())))?
+        } else {
+            if self.kind == Kind::Markers || points.len() == 1 {
+                chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+            }
+            chart.draw_series(LineSeries::new(points, color.stroke_width(2)))?
+        };
+        // A swatch for a band, a short thick line otherwise.
+        let (half, style) = if band { (5, color.mix(0.3).filled()) } else { (1, color.filled()) };
+        legend
+            .label(self.label.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - half), (x + 20, y + half)], style));
         Ok(())
     }
 }
