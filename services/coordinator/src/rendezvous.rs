@@ -152,18 +152,14 @@ impl RendezvousService {
                     run.state = "failed";
                     run.failed = true;
                     tracing::warn!(run = %run_id, "{}", run.error);
-                    failed.push((run_id.clone(), run.error.clone(), r, run.world_size, run.joined()));
+                    // Under the lock, in order with the joins and leaves.
+                    let _ = self.store.member_left(run_id, r as i32, &run.error);
+                    let _ = self.persist(run_id, "failed", run.world_size, run.joined());
+                    failed.push((run_id.clone(), run.error.clone()));
                 }
             }
         }
         failed
-            .into_iter()
-            .map(|(run_id, error, rank, world, joined)| {
-                let _ = self.store.member_left(&run_id, rank as i32, &error);
-                let _ = self.persist(&run_id, "failed", world, joined);
-                (run_id, error)
-            })
-            .collect()
     }
 }
 
@@ -197,7 +193,7 @@ impl Rendezvous for RendezvousService {
             Duration::from_millis(req.timeout_ms as u64)
         };
         let member = Member { address: req.address.clone(), host: req.host.clone() };
-        let (rank, mut changed, persist, fresh) = {
+        let (rank, mut changed) = {
             let mut runs = self.lock();
             let mut fresh = !runs.contains_key(&req.run_id);
             let run = runs.entry(req.run_id.clone()).or_insert_with(|| Run::new(world));
@@ -234,17 +230,22 @@ impl Rendezvous for RendezvousService {
             if joined == world {
                 run.state = "running";
             }
+            // Stored before the lock is released: two joins racing must not
+            // store their states in the other order (the last join's
+            // "running" overwritten by the first one's "rendezvous").
+            if fresh {
+                self.store.remove_members(&req.run_id, None).map_err(internal)?;
+            }
+            self.store
+                .put_member(&req.run_id, rank as i32, &member.address, &member.host)
+                .map_err(internal)?;
+            self.persist(&req.run_id, run.state, world, joined)?;
+            if req.restart_count > 0 {
+                self.store.record_restarts(&req.run_id, req.restart_count).map_err(internal)?;
+            }
             run.changed.send_modify(|v| *v += 1);
-            (rank, run.changed.subscribe(), (run.state, joined), fresh)
+            (rank, run.changed.subscribe())
         };
-        if fresh {
-            self.store.remove_members(&req.run_id, None).map_err(internal)?;
-        }
-        self.store.put_member(&req.run_id, rank as i32, &member.address, &member.host).map_err(internal)?;
-        self.persist(&req.run_id, persist.0, world, persist.1)?;
-        if req.restart_count > 0 {
-            self.store.record_restarts(&req.run_id, req.restart_count).map_err(internal)?;
-        }
         let wait = async {
             loop {
                 {
@@ -275,13 +276,13 @@ impl Rendezvous for RendezvousService {
                         && run.state == "rendezvous"
                     {
                         run.members[rank] = None;
+                        let _ = self.store.remove_members(&req.run_id, Some(rank as i32));
+                        let _ = self.persist(&req.run_id, run.state, world, run.joined());
                         run.changed.send_modify(|v| *v += 1);
                     }
                     let ranks: Vec<usize> = (0..world).filter(|&r| run.members[r].is_some()).collect();
                     (run.joined(), ranks)
                 };
-                let _ = self.store.remove_members(&req.run_id, Some(rank as i32));
-                let _ = self.persist(&req.run_id, "rendezvous", world, joined);
                 Err(Status::deadline_exceeded(format!(
                     "run {:?}: the world did not fill within {:.1?}: only {} of {world} workers joined (ranks {:?} still waiting besides this one)",
                     req.run_id,
@@ -319,7 +320,7 @@ impl Rendezvous for RendezvousService {
     async fn leave(&self, request: Request<LeaveRequest>) -> Result<Response<LeaveResponse>, Status> {
         let req = request.into_inner();
         check_run_id(&req.run_id, "run_id")?;
-        let (state, world, joined) = {
+        {
             let mut runs = self.lock();
             let Some(run) = runs.get_mut(&req.run_id) else {
                 // Its workers never joined (they died first, or this coordinator
@@ -340,10 +341,11 @@ impl Rendezvous for RendezvousService {
             } else if run.failed {
                 run.state = "failed";
             }
-            (run.state, run.world_size, run.joined())
-        };
-        self.store.member_left(&req.run_id, req.rank, &req.error).map_err(internal)?;
-        self.persist(&req.run_id, state, world, joined)?;
+            // Under the lock, so that racing leaves store their states in order
+            // (the last leave's "finished" is never overwritten by "running").
+            self.store.member_left(&req.run_id, req.rank, &req.error).map_err(internal)?;
+            self.persist(&req.run_id, run.state, run.world_size, run.joined())?;
+        }
         Ok(Response::new(LeaveResponse {}))
     }
 

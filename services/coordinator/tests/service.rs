@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use drove_proto::client::Clients;
 use drove_proto::v1::{
-    Aggregation, BlobHeader, FetchRequest, JoinRequest, ListBlobsRequest, ListRunsRequest, MetricPoint,
-    PublishChunk, PushRequest, QueryRequest, WatchRequest,
+    Aggregation, BlobHeader, FetchRequest, JoinRequest, LeaveRequest, ListBlobsRequest, ListRunsRequest,
+    MetricPoint, PublishChunk, PushRequest, QueryRequest, WatchRequest,
 };
 use sha2::{Digest, Sha256};
 use tonic::Code;
@@ -81,6 +81,63 @@ async fn four_workers_get_ranks_0_to_3_once_and_identical_peer_tables() {
     let err = c.rendezvous.join(join("r4", 4, 9, 1000)).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.message().contains("is full: 4 of 4"), "{}", err.message());
+    f.server.shutdown().await;
+}
+
+/// The stored (state, joined) of every run whose id starts with `prefix`.
+async fn stored_states(c: &mut Clients, prefix: &str) -> Vec<(String, String, i32)> {
+    let runs = c.metrics.list_runs(ListRunsRequest {}).await.unwrap().into_inner().runs;
+    let mut states: Vec<_> = runs
+        .into_iter()
+        .filter(|r| r.run_id.starts_with(prefix))
+        .map(|r| (r.run_id, r.state, r.joined))
+        .collect();
+    states.sort();
+    states
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_joins_and_leaves_store_the_state_of_the_last_one() {
+    // Joins and leaves of one run arrive at once; what is stored must be the
+    // state after the last of them, whatever order their writes would take.
+    // (Before the writes moved under the run lock, a first join's "rendezvous"
+    // could land after the last join's "running", as a CI run saw.)
+    const RUNS: usize = 16;
+    const WORLD: usize = 4;
+    let f = fixture(None).await;
+    let mut c = clients(&f, None).await;
+    let mut workers = Vec::new();
+    for _ in 0..WORLD {
+        workers.push(clients(&f, None).await);
+    }
+    for k in 0..RUNS {
+        let run = format!("race-{k}");
+        let calls = workers.iter().enumerate().map(|(i, w)| {
+            let (mut w, req) = (w.rendezvous.clone(), join(&run, WORLD as i32, i, 10_000));
+            tokio::spawn(async move { w.join(req).await.map(|r| r.into_inner().rank) })
+        });
+        for call in calls.collect::<Vec<_>>() {
+            call.await.unwrap().expect("join");
+        }
+    }
+    let want = |state: &str| -> Vec<(String, String, i32)> {
+        let mut v: Vec<_> =
+            (0..RUNS).map(|k| (format!("race-{k}"), state.to_string(), WORLD as i32)).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(stored_states(&mut c, "race-").await, want("running"));
+    for k in 0..RUNS {
+        let calls = workers.iter().enumerate().map(|(rank, w)| {
+            let mut w = w.rendezvous.clone();
+            let req = LeaveRequest { run_id: format!("race-{k}"), rank: rank as i32, error: String::new() };
+            tokio::spawn(async move { w.leave(req).await.map(|_| ()) })
+        });
+        for call in calls.collect::<Vec<_>>() {
+            call.await.unwrap().expect("leave");
+        }
+    }
+    assert_eq!(stored_states(&mut c, "race-").await, want("finished"));
     f.server.shutdown().await;
 }
 
