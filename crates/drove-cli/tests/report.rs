@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{DROVE, Proc, assets, coordinator_binary, run, text};
+use common::{DROVE, Proc, assets, coordinator, free_port, run, text};
 use drove_coordinator::store::{Agg, Filter, Store};
 use serde_json::Value;
 
@@ -296,14 +296,9 @@ fn reports_a_run_while_it_goes_and_after_from_the_store_and_over_grpc() {
     assert_browser_loads(&final_dir, want.len());
 
     // The same charts from a coordinator serving the store.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut coordinator = Proc::spawn(
-        Command::new(coordinator_binary())
-            .args(["--listen", &addr, "--store", store_arg])
-            .env("RUST_LOG", "warn"),
-    );
-    coordinator.line(Duration::from_secs(60), |l| l.contains("listening on"));
+    let _coordinator = coordinator(port, &store_dir, &[]);
     let grpc = report(&["--coordinator", &addr], &dir.path().join("grpc"));
     assert_eq!(grpc["charts"], last["charts"], "the newest run, over gRPC, draws the same");
     assert_eq!(grpc["run"], last["run"]);

@@ -16,28 +16,10 @@ use std::os::unix::process::ExitStatusExt as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{DROVE, Proc, assets, coordinator_binary};
+use common::{DROVE, Proc, assets, coordinator, free_port};
 
 /// How long a whole run may take here.
 const DEADLINE: Duration = Duration::from_secs(300);
-
-/// A free loopback port (bound, then released).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// The `drove-coordinator` binary on `port` and `store`, once it says it listens.
-fn coordinator(port: u16, store: &std::path::Path, extra: &[&str]) -> Proc {
-    let listen = format!("127.0.0.1:{port}");
-    let mut proc = Proc::spawn(
-        Command::new(coordinator_binary())
-            .args(["--listen", &listen, "--store", store.to_str().unwrap()])
-            .args(extra)
-            .env("RUST_LOG", "warn"),
-    );
-    proc.line(Duration::from_secs(60), |l| l.contains("listening on"));
-    proc
-}
 
 /// `drove run --np 2` of a fine-tune long enough to outlive an outage.
 fn training(addr: &str, run_id: &str, out: &std::path::Path, env: &[(&str, &str)]) -> Proc {

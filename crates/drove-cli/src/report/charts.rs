@@ -71,6 +71,9 @@ pub struct Chart {
     pub y_range: Option<(f64, f64)>,
 }
 
+/// The label of the mask chart's agreement series (what the verdict reads).
+pub const AGREEMENT: &str = "agreement across ranks";
+
 /// Blue, red, green, orange, purple, grey: the tab10 colours.
 const PALETTE: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
@@ -273,7 +276,7 @@ fn mask_agreement(stats: &dyn Fn(&str) -> Vec<StepStats>) -> Option<Chart> {
         series.push(line("independent masks: p^2+(1-p)^2", Kind::Line, 5, &expected));
     }
     let kind = if agreement.len() > 50 { Kind::Line } else { Kind::Markers };
-    series.push(line("agreement across ranks", kind, 1, &agreement));
+    series.push(line(AGREEMENT, kind, 1, &agreement));
     let mut c = chart(
         "mask_agreement",
         "Mask agreement across ranks (diagnosed steps)",
@@ -289,7 +292,7 @@ fn mask_agreement(stats: &dyn Fn(&str) -> Vec<StepStats>) -> Option<Chart> {
 /// The agreement values of a mask chart and how many lie outside its band
 /// (`None` for a chart without agreement).
 pub fn outside_band(chart: &Chart) -> Option<(Vec<f64>, usize)> {
-    let agreement = chart.series.iter().find(|s| s.label == "agreement across ranks")?;
+    let agreement = chart.series.iter().find(|s| s.label == AGREEMENT)?;
     let band = chart.series.iter().find(|s| s.kind == Kind::Band);
     let outside = agreement
         .x

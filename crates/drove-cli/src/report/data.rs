@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
-use drove_coordinator::store::{Filter, Store};
-use drove_proto::v1::{Aggregation, ListRunsRequest, QueryRequest, RunInfo};
+use drove_coordinator::store::{self, EventRow, Filter, Store};
+use drove_proto::v1::{Aggregation, ListRunsRequest, QueryPoint, QueryRequest, RunEvent, RunInfo};
 use serde::Serialize;
 
 use super::Source;
@@ -61,6 +61,31 @@ pub struct RunData {
     /// Every point, ordered by name, step and rank.
     #[serde(skip)]
     pub points: Vec<Point>,
+}
+
+impl From<EventRow> for Event {
+    fn from(e: EventRow) -> Event {
+        Event { rank: e.rank, step: e.step, kind: e.kind, message: e.message, wall_time_unix_ms: e.wall_ms }
+    }
+}
+
+impl From<RunEvent> for Event {
+    fn from(e: RunEvent) -> Event {
+        let wall_time_unix_ms = e.wall_time_unix_ms;
+        Event { rank: e.rank, step: e.step, kind: e.kind, message: e.message, wall_time_unix_ms }
+    }
+}
+
+impl From<store::Point> for Point {
+    fn from(p: store::Point) -> Point {
+        Point { name: p.name, step: p.step, rank: p.rank, value: p.value }
+    }
+}
+
+impl From<QueryPoint> for Point {
+    fn from(p: QueryPoint) -> Point {
+        Point { name: p.name, step: p.step, rank: p.rank, value: p.value }
+    }
 }
 
 impl RunData {
@@ -122,20 +147,8 @@ fn from_store(dir: &Path, wanted: Option<&str>) -> anyhow::Result<RunData> {
         restarts: r.restarts,
         created_unix_ms: r.created_ms,
         updated_unix_ms: r.updated_ms,
-        events: events
-            .into_iter()
-            .map(|e| Event {
-                rank: e.rank,
-                step: e.step,
-                kind: e.kind,
-                message: e.message,
-                wall_time_unix_ms: e.wall_ms,
-            })
-            .collect(),
-        points: points
-            .into_iter()
-            .map(|p| Point { name: p.name, step: p.step, rank: p.rank, value: p.value })
-            .collect(),
+        events: events.into_iter().map(Event::from).collect(),
+        points: points.into_iter().map(Point::from).collect(),
     })
 }
 
@@ -165,20 +178,7 @@ async fn from_coordinator(addr: &str, token: Option<&str>, wanted: Option<&str>)
         restarts: info.restarts,
         created_unix_ms: info.created_unix_ms,
         updated_unix_ms: info.updated_unix_ms,
-        events: info
-            .events
-            .into_iter()
-            .map(|e| Event {
-                rank: e.rank,
-                step: e.step,
-                kind: e.kind,
-                message: e.message,
-                wall_time_unix_ms: e.wall_time_unix_ms,
-            })
-            .collect(),
-        points: points
-            .into_iter()
-            .map(|p| Point { name: p.name, step: p.step, rank: p.rank, value: p.value })
-            .collect(),
+        events: info.events.into_iter().map(Event::from).collect(),
+        points: points.into_iter().map(Point::from).collect(),
     })
 }

@@ -136,22 +136,19 @@ fn options(h: &mut String, run: &RunData) {
     let key: Vec<String> =
         ["seeding", "augment_mask", "batch_size", "lr", "epochs", "diagnose_every", "model"]
             .iter()
-            .filter_map(|k| {
-                options
-                    .get(*k)
-                    .map(|v| format!("{k} {}", v.as_str().map_or_else(|| v.to_string(), str::to_string)))
-            })
+            .filter_map(|k| options.get(*k).map(|v| format!("{k} {}", shown(v))))
             .collect();
     let _ = writeln!(h, "<p class=\"key-options\"><code>{}</code></p>", escape(&key.join(" · ")));
     h.push_str("<details>\n<summary>Every option</summary>\n<table class=\"options\">\n");
     for (k, v) in &options {
-        let v = match v {
-            serde_json::Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        let _ = writeln!(h, "<tr><th>{}</th><td><code>{}</code></td></tr>", escape(k), escape(&v));
+        let _ = writeln!(h, "<tr><th>{}</th><td><code>{}</code></td></tr>", escape(k), escape(&shown(v)));
     }
     h.push_str("</table>\n</details>\n");
+}
+
+/// An option's value as shown: a string as it is, anything else as JSON.
+fn shown(v: &serde_json::Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_string)
 }
 
 /// Events other than the options, oldest first.

@@ -268,3 +268,21 @@ pub fn coordinator_binary() -> PathBuf {
     assert!(out.status.success(), "building drove-coordinator: {}", text(&out));
     profile_dir.join("drove-coordinator")
 }
+
+/// A free loopback port (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The `drove-coordinator` binary on `port` and `store`, once it says it listens.
+pub fn coordinator(port: u16, store: &Path, extra: &[&str]) -> Proc {
+    let listen = format!("127.0.0.1:{port}");
+    let mut proc = Proc::spawn(
+        Command::new(coordinator_binary())
+            .args(["--listen", &listen, "--store", store.to_str().unwrap()])
+            .args(extra)
+            .env("RUST_LOG", "warn"),
+    );
+    proc.line(Duration::from_secs(60), |l| l.contains("listening on"));
+    proc
+}
