@@ -5,6 +5,7 @@
 //! one error naming the missing library (no panic).
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
@@ -99,12 +100,14 @@ impl Gpu {
         }
     }
 
-    /// Bytes of GPU memory in use on the device (all processes), from the driver.
+    /// Bytes of GPU memory in use on the device (all processes), from the
+    /// driver, with the GPU's primary context made current for the call.
     pub fn memory_used_bytes(&self) -> Option<u64> {
         #[cfg(feature = "cuda")]
         {
-            let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
-            Some((total - free) as u64)
+            drove_train::cuda::memory_used_bytes(self.ordinal)
+                .map_err(|e| tracing::warn!("GPU memory in use: {e}"))
+                .ok()
         }
         #[cfg(not(feature = "cuda"))]
         match self.never {}
@@ -123,6 +126,13 @@ pub struct NcclBenchArgs {
     /// GPU number.
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Instead of timing, prove the in-place path of training: the gradient
+    /// bucket all-reduce and an all-gather in both directions on burn tensors
+    /// of each layout (own buffer, shared clone, view at an offset, piece of a
+    /// split, broadcast), every result read back through burn and compared bit
+    /// for bit. Exit code 1 when a check fails (after printing the report).
+    #[arg(long)]
+    buckets: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -141,17 +151,26 @@ fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(scale).filter(|&b| b >= 4).ok_or_else(|| format!("{s:?} is out of range (4 bytes or more)"))
 }
 
-/// `drove bench nccl`: NCCL all-reduce at world size 1 beside a device copy.
-pub fn bench_nccl(args: &NcclBenchArgs) -> anyhow::Result<()> {
+/// `drove bench nccl`: NCCL all-reduce beside a device copy, at the world
+/// size of the launcher it runs under (1 alone); with `--buckets`, the
+/// in-place checks instead.
+pub fn bench_nccl(args: &NcclBenchArgs) -> anyhow::Result<ExitCode> {
     #[cfg(feature = "nccl")]
     {
-        let report = nccl_bench::run(args)?;
+        let mesh = crate::train::communicator()?;
+        let (report, passed) = if args.buckets {
+            let report = nccl_bench::in_place(args, mesh.as_ref())?;
+            let passed = report.passed;
+            (serde_json::to_value(report).context("json")?, passed)
+        } else {
+            (nccl_bench::run(args, mesh.as_ref())?, true)
+        };
         if args.json {
             println!("{report}");
         } else {
             println!("{}", serde_json::to_string_pretty(&report).context("json")?);
         }
-        Ok(())
+        Ok(if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     }
     #[cfg(not(feature = "nccl"))]
     {
@@ -166,8 +185,9 @@ mod nccl_bench {
 
     use anyhow::{Context, anyhow};
     use cudarc::driver::result as cu;
-    use drove_comm::{DType, ReduceOptions, SingleProcess};
+    use drove_comm::{Collective, DType, ReduceOptions};
     use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, Nccl};
+    use drove_train::cuda::{InPlaceReport, NcclBuckets, check_in_place, open_gpu};
     use serde_json::{Value, json};
 
     use super::NcclBenchArgs;
@@ -182,11 +202,19 @@ mod nccl_bench {
         }
     }
 
-    pub fn run(args: &NcclBenchArgs) -> anyhow::Result<Value> {
+    /// The in-place checks on burn tensors on GPU `--gpu`.
+    pub fn in_place(args: &NcclBenchArgs, mesh: &dyn Collective) -> anyhow::Result<InPlaceReport> {
+        let device = open_gpu(args.gpu).with_context(|| format!("opening GPU {}", args.gpu))?;
+        let buckets = NcclBuckets::connect(mesh, args.gpu, device, DeviceOptions::default())
+            .context("joining the NCCL communicator")?;
+        Ok(check_in_place(&buckets, mesh))
+    }
+
+    pub fn run(args: &NcclBenchArgs, mesh: &dyn Collective) -> anyhow::Result<Value> {
         let nccl = Nccl::new(args.gpu).context("opening NCCL")?;
         let stream = nccl.stream() as cudarc::driver::sys::CUstream;
-        let mesh = SingleProcess;
-        let comm = DeviceComm::connect(&mesh, nccl, DeviceOptions::default()).map_err(|e| anyhow!("{e}"))?;
+        let comm = DeviceComm::connect(mesh, nccl, DeviceOptions::default()).map_err(|e| anyhow!("{e}"))?;
+        let world = mesh.world_size();
         let dev = cu::device::get(args.gpu as i32).map_err(|e| anyhow!("cuDeviceGet: {e:?}"))?;
         let name = cu::device::get_name(dev).map_err(|e| anyhow!("cuDeviceGetName: {e:?}"))?;
         let mut rows = Vec::new();
@@ -205,7 +233,7 @@ mod nccl_bench {
             let time_allreduce = || -> anyhow::Result<f64> {
                 let t = Instant::now();
                 // SAFETY: `a` is a live allocation of `count` f32s used by nothing else.
-                unsafe { comm.all_reduce(&mesh, "bench", slice, ReduceOptions::sum()) }
+                unsafe { comm.all_reduce(mesh, "bench", slice, ReduceOptions::sum()) }
                     .map_err(|e| anyhow!("{e}"))?;
                 Ok(t.elapsed().as_secs_f64())
             };
@@ -234,13 +262,14 @@ mod nccl_bench {
                 v[v.len() / 2]
             };
             let (t_ar, t_cp) = (median(&mut ar), median(&mut cp));
-            let world = 1.0f64;
+            let world = world as f64;
             let algbw = bytes as f64 / t_ar / 1e9;
             rows.push(json!({
                 "bytes": bytes,
                 "allreduce_median_s": t_ar,
                 "allreduce_algbw_gbps": algbw,
                 // nccl-tests' bus bandwidth: algbw x 2(n-1)/n, which is 0 at one rank.
+                // The time is this rank's; ranks wait for each other in every op.
                 "allreduce_busbw_gbps": algbw * 2.0 * (world - 1.0) / world,
                 "copy_median_s": t_cp,
                 "copy_gbps": bytes as f64 / t_cp / 1e9,
@@ -251,9 +280,10 @@ mod nccl_bench {
             "benchmark": "nccl",
             "device": name,
             "nccl": comm.describe(),
-            "world_size": 1,
+            "rank": mesh.rank(),
+            "world_size": world,
             "iterations": args.iterations,
-            "note": "in-place all-reduce through drove's DeviceComm (agreement, launch, polled wait) at world 1; the copy is cuMemcpyDtoD on the same stream",
+            "note": "in-place all-reduce through drove's DeviceComm (agreement, launch, polled wait); the copy is cuMemcpyDtoD on the same stream",
             "sizes": rows,
         }))
     }

@@ -124,8 +124,10 @@ enum BenchCommand {
     Coordinator(bench_coord::CoordinatorArgs),
     /// Training throughput (sentences/s, tokens/s) and peak memory at 1 rank.
     Train(train::TrainBenchArgs),
-    /// NCCL all-reduce bandwidth on one GPU beside a device-to-device copy
-    /// (built with feature `nccl`).
+    /// NCCL all-reduce bandwidth beside a device-to-device copy, at the world
+    /// size of the launcher it runs under (`drove run --np 2`: two ranks,
+    /// on one GPU with --gpu 0 where NCCL allows it); --buckets checks the
+    /// in-place path on burn tensors instead (built with feature `nccl`).
     Nccl(gpu::NcclBenchArgs),
 }
 
@@ -149,7 +151,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench { what: BenchCommand::AllreduceWorker(args) } => done(bench_comm::worker(&args)),
         Command::Bench { what: BenchCommand::Coordinator(args) } => done(bench_coord::run(&args)),
         Command::Bench { what: BenchCommand::Train(args) } => done(train::bench(&args)),
-        Command::Bench { what: BenchCommand::Nccl(args) } => done(gpu::bench_nccl(&args)),
+        Command::Bench { what: BenchCommand::Nccl(args) } => gpu::bench_nccl(&args),
         Command::Weights(args) => done(gpu::weights(&args)),
         Command::Seed(args) => done(seed::run(&args)),
         Command::Coordinator(flags) => done(control::serve(&flags)),

@@ -405,7 +405,15 @@ fn under_launcher() -> bool {
         .any(|v| std::env::var_os(v).is_some())
 }
 
-/// `drove train ner`.
+/// The ranks a launcher started this process among, or a world of one.
+pub fn communicator() -> anyhow::Result<Box<dyn Collective>> {
+    Ok(if under_launcher() {
+        Box::new(Communicator::from_env().context("joining the other ranks")?)
+    } else {
+        Box::new(SingleProcess)
+    })
+}
+
 /// Steps between diagnostics when the alarm is on by default.
 const DEFAULT_DIAGNOSE_EVERY: usize = 50;
 
@@ -457,11 +465,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     }
     // Before joining the other ranks: a missing GPU fails at once.
     let gpu = gpu::open(args.device)?;
-    let comm: Box<dyn Collective> = if under_launcher() {
-        Box::new(Communicator::from_env().context("joining the other ranks")?)
-    } else {
-        Box::new(SingleProcess)
-    };
+    let comm = communicator()?;
     let rank = comm.rank();
     // The diversity alarm is on by default wherever it can go off.
     if args.diagnose_every.is_none() && args.augment_mask > 0.0 && comm.world_size() > 1 {

@@ -2,6 +2,7 @@
 //! non-blocking communicator and a CUDA stream of its own.
 
 use std::ffi::{c_int, c_void};
+use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{result as cu, sys as cusys};
@@ -190,33 +191,46 @@ fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
     }
 }
 
-/// A non-blocking config: every field NCCL's initializer leaves unset is
-/// `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`) or null, as `NCCL_CONFIG_INITIALIZER`
-/// writes it; the version is the loaded library's (at most the header's).
-fn config(version: c_int) -> sys::ncclConfig_t {
+/// Fills `out` with a non-blocking config and returns the pointer NCCL reads.
+///
+/// Every byte is zeroed first, padding included (the 4 bytes after
+/// `maxP2pPeers` are a field, `graphStreamOrdering`, in NCCL 2.31 and later),
+/// then each field is written in place: a struct literal would leave its
+/// padding undefined, and a copy of it need not keep the zeros. Every field
+/// NCCL's initializer leaves unset is `NCCL_CONFIG_UNDEF_INT` (`INT_MIN`) or
+/// null, as `NCCL_CONFIG_INITIALIZER` writes it; the version is the loaded
+/// library's, at most that of the header cudarc's bindings were made from
+/// (2.30), so NCCL reads no field the struct does not have.
+fn config(out: &mut MaybeUninit<sys::ncclConfig_t>, version: c_int) -> *mut sys::ncclConfig_t {
     const UNDEF: c_int = c_int::MIN;
-    sys::ncclConfig_t {
-        size: std::mem::size_of::<sys::ncclConfig_t>(),
-        magic: 0xcafe_beef,
-        version: version.clamp(0, 23000) as u32,
-        blocking: 0,
-        cgaClusterSize: UNDEF,
-        minCTAs: UNDEF,
-        maxCTAs: UNDEF,
-        netName: std::ptr::null(),
-        splitShare: UNDEF,
-        trafficClass: UNDEF,
-        commName: std::ptr::null(),
-        collnetEnable: UNDEF,
-        CTAPolicy: UNDEF,
-        shrinkShare: UNDEF,
-        nvlsCTAs: UNDEF,
-        nChannelsPerNetPeer: UNDEF,
-        nvlinkCentricSched: UNDEF,
-        graphUsageMode: UNDEF,
-        numRmaCtx: UNDEF,
-        maxP2pPeers: UNDEF,
+    let c = out.as_mut_ptr();
+    // SAFETY: `c` points to writable memory of the struct's size; the struct
+    // is integers and raw pointers, for which all-zero bytes are a valid value,
+    // and each field is assigned in place (no read of the old value, no copy).
+    unsafe {
+        std::ptr::write_bytes(c, 0, 1);
+        (*c).size = std::mem::size_of::<sys::ncclConfig_t>();
+        (*c).magic = 0xcafe_beef;
+        (*c).version = version.clamp(0, 23000) as u32;
+        (*c).blocking = 0;
+        (*c).cgaClusterSize = UNDEF;
+        (*c).minCTAs = UNDEF;
+        (*c).maxCTAs = UNDEF;
+        (*c).netName = std::ptr::null();
+        (*c).splitShare = UNDEF;
+        (*c).trafficClass = UNDEF;
+        (*c).commName = std::ptr::null();
+        (*c).collnetEnable = UNDEF;
+        (*c).CTAPolicy = UNDEF;
+        (*c).shrinkShare = UNDEF;
+        (*c).nvlsCTAs = UNDEF;
+        (*c).nChannelsPerNetPeer = UNDEF;
+        (*c).nvlinkCentricSched = UNDEF;
+        (*c).graphUsageMode = UNDEF;
+        (*c).numRmaCtx = UNDEF;
+        (*c).maxP2pPeers = UNDEF;
     }
+    c
 }
 
 impl Device for Nccl {
@@ -235,9 +249,11 @@ impl Device for Nccl {
         for (r, b) in raw.internal.iter_mut().zip(id.0.iter()) {
             *r = *b as std::ffi::c_char;
         }
-        let mut cfg = config(self.version);
-        // SAFETY: valid out pointer and config; the id came from ncclGetUniqueId.
-        unsafe { nccl::comm_init_rank_config(&mut self.comm, world as c_int, raw, rank as c_int, &mut cfg) }
+        let mut cfg = MaybeUninit::uninit();
+        let cfg = config(&mut cfg, self.version);
+        // SAFETY: valid out pointer and a config filled in place (it outlives
+        // the call); the id came from ncclGetUniqueId.
+        unsafe { nccl::comm_init_rank_config(&mut self.comm, world as c_int, raw, rank as c_int, cfg) }
             .map_err(nccl_error("ncclCommInitRankConfig"))?;
         self.phase = Phase::Joining;
         Ok(())
@@ -368,5 +384,75 @@ impl Drop for Nccl {
                 let _ = cu::primary_ctx::release(dev);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::{MaybeUninit, offset_of, size_of};
+
+    use super::{config, sys};
+
+    /// The byte ranges of `ncclConfig_t`'s fields, from the compiler's layout.
+    fn fields() -> Vec<(&'static str, usize, usize)> {
+        use std::ffi::{c_char, c_int, c_uint};
+        type C = sys::ncclConfig_t;
+        let (int, ptr) = (size_of::<c_int>(), size_of::<*const c_char>());
+        vec![
+            ("size", offset_of!(C, size), size_of::<usize>()),
+            ("magic", offset_of!(C, magic), size_of::<c_uint>()),
+            ("version", offset_of!(C, version), size_of::<c_uint>()),
+            ("blocking", offset_of!(C, blocking), int),
+            ("cgaClusterSize", offset_of!(C, cgaClusterSize), int),
+            ("minCTAs", offset_of!(C, minCTAs), int),
+            ("maxCTAs", offset_of!(C, maxCTAs), int),
+            ("netName", offset_of!(C, netName), ptr),
+            ("splitShare", offset_of!(C, splitShare), int),
+            ("trafficClass", offset_of!(C, trafficClass), int),
+            ("commName", offset_of!(C, commName), ptr),
+            ("collnetEnable", offset_of!(C, collnetEnable), int),
+            ("CTAPolicy", offset_of!(C, CTAPolicy), int),
+            ("shrinkShare", offset_of!(C, shrinkShare), int),
+            ("nvlsCTAs", offset_of!(C, nvlsCTAs), int),
+            ("nChannelsPerNetPeer", offset_of!(C, nChannelsPerNetPeer), int),
+            ("nvlinkCentricSched", offset_of!(C, nvlinkCentricSched), int),
+            ("graphUsageMode", offset_of!(C, graphUsageMode), int),
+            ("numRmaCtx", offset_of!(C, numRmaCtx), int),
+            ("maxP2pPeers", offset_of!(C, maxP2pPeers), int),
+        ]
+    }
+
+    #[test]
+    fn the_config_has_zero_padding_and_the_initializer_values() {
+        let size = size_of::<sys::ncclConfig_t>();
+        let mut covered = vec![None; size];
+        for (name, at, len) in fields() {
+            for b in &mut covered[at..at + len] {
+                assert!(b.is_none(), "{name} overlaps another field");
+                *b = Some(name);
+            }
+        }
+        let padding: Vec<usize> = (0..size).filter(|&i| covered[i].is_none()).collect();
+        // The struct has padding (after maxP2pPeers), so the check below can fail.
+        assert_eq!(padding, vec![92, 93, 94, 95], "ncclConfig_t's padding moved: check the field list");
+
+        // Memory full of 0xAA, as a stack slot may be: `config` must clear it.
+        let mut slot = MaybeUninit::<sys::ncclConfig_t>::uninit();
+        // SAFETY: writes bytes into memory we own.
+        unsafe { std::ptr::write_bytes(slot.as_mut_ptr().cast::<u8>(), 0xaa, size) };
+        let ptr = config(&mut slot, 23203);
+        // SAFETY: `config` initialised every byte of the slot.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), size) };
+        for &i in &padding {
+            assert_eq!(bytes[i], 0, "padding byte {i} is {:#04x}, not zero", bytes[i]);
+        }
+        // SAFETY: as above.
+        let c = unsafe { slot.assume_init() };
+        assert_eq!((c.size, c.magic, c.version, c.blocking), (size, 0xcafe_beef, 23000, 0));
+        assert_eq!((c.minCTAs, c.maxP2pPeers), (i32::MIN, i32::MIN));
+        assert!(c.netName.is_null() && c.commName.is_null());
+        let older = config(&mut slot, 22809);
+        // SAFETY: initialised by `config`.
+        assert_eq!(unsafe { (*older).version }, 22809, "an older library gets its own version");
     }
 }

@@ -1,7 +1,10 @@
 //! The CUDA backend (feature `cuda`): burn-cuda without fusion
 //! (`CubeBackend<CudaRuntime>`, whose tensors' device memory can be reached),
-//! a check that the libraries it loads at run time are there, and (feature
-//! `nccl`) [`NcclBuckets`], the in-place device all-reduce of gradient buckets.
+//! a check that the libraries it loads at run time are there, the device
+//! memory of a tensor ([`device_memory`]), and (feature `nccl`)
+//! [`NcclBuckets`], the in-place device all-reduce of gradient buckets, with
+//! [`check_in_place`], the GPU check's proof that it reduces the bytes it
+//! should.
 //!
 //! A missing `libcuda`, `libnvrtc` or CUDA header folder would otherwise panic
 //! inside cudarc or on burn's device thread; [`open_gpu`] names the missing
@@ -79,101 +82,102 @@ pub fn sync(device: &CudaDevice) -> Result<(), TrainError> {
     <Cuda as Backend>::sync(device).map_err(|e| TrainError::Gpu(format!("waiting for the GPU: {e:?}")))
 }
 
+/// How [`device_memory`] reached a tensor's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Access {
+    /// The tensor's own contiguous buffer (or its own view at an offset into
+    /// one): used where it lies.
+    InPlace,
+    /// The buffer is shared with another tensor (a clone, or the other pieces
+    /// of a `split`): copied first, so that writing it leaves the others as
+    /// they are.
+    CopiedShared,
+    /// Laid out with strides (a broadcast by `expand`, for one): made
+    /// contiguous first.
+    CopiedStrided,
+}
+
+/// A 1-D tensor's device memory, as [`device_memory`] found it.
+pub struct DeviceMemory {
+    /// The tensor that owns the memory: the one given, or its copy.
+    pub tensor: Tensor<Cuda, 1>,
+    /// Device address of its first element (the view's offset applied).
+    pub ptr: u64,
+    /// Elements.
+    pub len: usize,
+    /// Byte offset of the tensor's first element into its buffer.
+    pub offset_bytes: u64,
+    /// Whether a copy was made, and why.
+    pub access: Access,
+}
+
 /// A 1-D tensor's device memory, after a copy if burn shares its buffer or
 /// lays it out with strides; the returned tensor owns the memory.
 ///
-/// The address is read with `get_resource`; burn 0.21 has no way to order a
-/// foreign stream after its own, so the caller syncs (see [`sync`]) before
-/// other work touches it.
-pub fn device_memory(tensor: Tensor<Cuda, 1>) -> Result<(Tensor<Cuda, 1>, u64, usize), TrainError> {
+/// The address is read with `get_resource`, which applies the view's offset;
+/// burn 0.21 has no way to order a foreign stream after its own, so the
+/// caller syncs (see [`sync`]) before other work touches it.
+pub fn device_memory(tensor: Tensor<Cuda, 1>) -> Result<DeviceMemory, TrainError> {
     let len = tensor.dims()[0];
     let mut prim = tensor.into_primitive().tensor();
+    let mut access = Access::InPlace;
     if !prim.can_mut() {
         // Shared with another tensor: writing in place would change it too.
         let copy = Tensor::<Cuda, 1>::from_primitive(TensorPrimitive::Float(prim)).mul_scalar(1.0);
         prim = copy.into_primitive().tensor();
+        access = Access::CopiedShared;
     }
     if !prim.is_contiguous() {
         prim = burn_cubecl::kernel::into_contiguous(prim);
+        if access == Access::InPlace {
+            access = Access::CopiedStrided;
+        }
     }
+    let offset_bytes = prim.handle.offset_start.unwrap_or(0);
     let resource = prim
         .client
         .get_resource(prim.handle.clone())
         .map_err(|e| TrainError::Gpu(format!("reading a tensor's device address: {e:?}")))?;
     let ptr = resource.resource().ptr;
     let tensor = Tensor::from_primitive(TensorPrimitive::Float(prim));
-    Ok((tensor, ptr, len))
+    Ok(DeviceMemory { tensor, ptr, len, offset_bytes, access })
+}
+
+/// Bytes of memory in use on GPU `ordinal` (every process's), from the
+/// driver (`cuMemGetInfo`).
+///
+/// The driver answers for the context current on the calling thread, and
+/// burn makes its context current only on its own runner thread: this makes
+/// the GPU's primary context (the one burn uses) current here first.
+pub fn memory_used_bytes(ordinal: usize) -> Result<u64, TrainError> {
+    use cudarc::driver::result as cu;
+    let driver = |what: &str, e: cudarc::driver::DriverError| TrainError::Gpu(format!("{what}: {e:?}"));
+    cu::init().map_err(|e| driver("cuInit", e))?;
+    let dev = cu::device::get(ordinal as std::ffi::c_int).map_err(|e| driver("cuDeviceGet", e))?;
+    let previous = cu::ctx::get_current().map_err(|e| driver("cuCtxGetCurrent", e))?;
+    // SAFETY: `dev` is a valid device; the retain is released below on every path.
+    let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
+    // SAFETY: `ctx` is live (retained above).
+    let used = unsafe { cu::ctx::set_current(ctx) }
+        .map_err(|e| driver("cuCtxSetCurrent", e))
+        .and_then(|()| cu::mem_get_info().map_err(|e| driver("cuMemGetInfo", e)))
+        .map(|(free, total)| (total - free) as u64);
+    // SAFETY: the thread's context as it was (a live one or none), then the
+    // retain above released (burn holds its own while it uses the GPU).
+    unsafe {
+        let _ = cu::ctx::set_current(previous.unwrap_or(std::ptr::null_mut()));
+        let _ = cu::primary_ctx::release(dev);
+    }
+    used
 }
 
 #[cfg(feature = "nccl")]
-pub use nccl::NcclBuckets;
+mod buckets;
+#[cfg(feature = "nccl")]
+mod in_place;
 
 #[cfg(feature = "nccl")]
-mod nccl {
-    use drove_comm::{Collective, DType, ReduceOptions};
-    use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, Nccl};
-
-    use super::{Cuda, CudaDevice, device_memory, sync};
-    use crate::TrainError;
-    use crate::device::BucketAllReduce;
-    use burn::tensor::Tensor;
-
-    /// The gradient all-reduce of the backend placement on GPUs: each bucket is
-    /// reduced in place in device memory by NCCL, without a host copy.
-    ///
-    /// Per bucket there is one host sync (burn's stream is private, so its
-    /// kernels are waited for before NCCL reads the bucket, and NCCL's stream
-    /// is waited for before burn reads it back) and the description check over
-    /// the CPU mesh (one small message exchange).
-    pub struct NcclBuckets {
-        comm: DeviceComm<Nccl>,
-        device: CudaDevice,
-    }
-
-    impl NcclBuckets {
-        /// Joins an NCCL communicator of every rank of `mesh` on GPU `ordinal`
-        /// (burn's `device` for it).
-        pub fn connect(
-            mesh: &dyn Collective,
-            ordinal: usize,
-            device: CudaDevice,
-            opts: DeviceOptions,
-        ) -> Result<Self, TrainError> {
-            let nccl = Nccl::new(ordinal).map_err(|e| TrainError::Gpu(e.to_string()))?;
-            let comm = DeviceComm::connect(mesh, nccl, opts).map_err(nccl_error)?;
-            Ok(NcclBuckets { comm, device })
-        }
-
-        /// What NCCL runs on.
-        pub fn describe(&self) -> String {
-            self.comm.describe()
-        }
-    }
-
-    fn nccl_error(e: drove_nccl::Error) -> TrainError {
-        match e {
-            drove_nccl::Error::Comm(c) => TrainError::Comm(c),
-            other => TrainError::Gpu(other.to_string()),
-        }
-    }
-
-    impl BucketAllReduce<Cuda> for NcclBuckets {
-        fn all_reduce(
-            &self,
-            comm: &dyn Collective,
-            name: &str,
-            bucket: Tensor<Cuda, 1>,
-            op: ReduceOptions,
-        ) -> Result<Tensor<Cuda, 1>, TrainError> {
-            let (bucket, ptr, len) = device_memory(bucket)?;
-            sync(&self.device)?;
-            let slice = DeviceSlice { ptr, len, dtype: DType::F32 };
-            // SAFETY: `bucket` owns the memory (copied if shared) and lives past
-            // the call; burn's work on it is finished (synced above) and none
-            // is queued until the call returns, which is after NCCL's stream
-            // has finished with it.
-            unsafe { self.comm.all_reduce(comm, name, slice, op) }.map_err(nccl_error)?;
-            Ok(bucket)
-        }
-    }
-}
+pub use buckets::NcclBuckets;
+#[cfg(feature = "nccl")]
+pub use in_place::{CaseCheck, CaseKind, InPlaceCase, InPlaceReport, check_in_place};

@@ -1,0 +1,98 @@
+//! [`NcclBuckets`]: the gradient all-reduce of the backend placement on GPUs,
+//! each bucket reduced by NCCL where it lies in device memory.
+
+use burn::tensor::Tensor;
+use drove_comm::{Collective, DType, ReduceOptions};
+use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, Nccl};
+
+use super::{Cuda, CudaDevice, DeviceMemory, device_memory, sync};
+use crate::TrainError;
+use crate::device::BucketAllReduce;
+
+/// The gradient all-reduce of the backend placement on GPUs: each bucket is
+/// reduced in place in device memory by NCCL, without a host copy.
+///
+/// Per bucket there is one host sync (burn's stream is private, so its
+/// kernels are waited for before NCCL reads the bucket, and NCCL's stream
+/// is waited for before burn reads it back) and the description check over
+/// the CPU mesh (one small message exchange).
+pub struct NcclBuckets {
+    comm: DeviceComm<Nccl>,
+    device: CudaDevice,
+}
+
+impl NcclBuckets {
+    /// Joins an NCCL communicator of every rank of `mesh` on GPU `ordinal`
+    /// (burn's `device` for it).
+    pub fn connect(
+        mesh: &dyn Collective,
+        ordinal: usize,
+        device: CudaDevice,
+        opts: DeviceOptions,
+    ) -> Result<Self, TrainError> {
+        let nccl = Nccl::new(ordinal).map_err(|e| TrainError::Gpu(e.to_string()))?;
+        let comm = DeviceComm::connect(mesh, nccl, opts).map_err(nccl_error)?;
+        Ok(NcclBuckets { comm, device })
+    }
+
+    /// What NCCL runs on.
+    pub fn describe(&self) -> String {
+        self.comm.describe()
+    }
+
+    /// Burn's device the communicator's GPU is.
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    /// Gathers every rank's `send` into `recv` in rank order, device memory to
+    /// device memory (`recv` holds `world` times `send`'s length). Returns
+    /// both tensors: each the one given, or the copy [`device_memory`] made
+    /// of it (a `recv` that shares its buffer is copied first, so that the
+    /// tensors it shares with are not written).
+    pub fn all_gather_into(
+        &self,
+        comm: &dyn Collective,
+        name: &str,
+        send: Tensor<Cuda, 1>,
+        recv: Tensor<Cuda, 1>,
+    ) -> Result<(Tensor<Cuda, 1>, Tensor<Cuda, 1>), TrainError> {
+        let (send, recv) = (device_memory(send)?, device_memory(recv)?);
+        sync(&self.device)?;
+        // SAFETY: both tensors own their memory (copied if shared) and live past
+        // the call; burn's work on them is finished (synced above) and none is
+        // queued until the call returns, after NCCL's stream has finished.
+        unsafe { self.comm.all_gather(comm, name, slice(&send), slice(&recv)) }.map_err(nccl_error)?;
+        Ok((send.tensor, recv.tensor))
+    }
+}
+
+fn slice(memory: &DeviceMemory) -> DeviceSlice {
+    DeviceSlice { ptr: memory.ptr, len: memory.len, dtype: DType::F32 }
+}
+
+fn nccl_error(e: drove_nccl::Error) -> TrainError {
+    match e {
+        drove_nccl::Error::Comm(c) => TrainError::Comm(c),
+        other => TrainError::Gpu(other.to_string()),
+    }
+}
+
+impl BucketAllReduce<Cuda> for NcclBuckets {
+    fn all_reduce(
+        &self,
+        comm: &dyn Collective,
+        name: &str,
+        bucket: Tensor<Cuda, 1>,
+        op: ReduceOptions,
+    ) -> Result<Tensor<Cuda, 1>, TrainError> {
+        let bucket = device_memory(bucket)?;
+        sync(&self.device)?;
+        // SAFETY: `bucket` owns the memory (copied if shared) and lives past
+        // the call; burn's work on it is finished (synced above) and none
+        // is queued until the call returns, which is after NCCL's stream
+        // has finished with it.
+        unsafe { self.comm.all_reduce(comm, name, slice(&bucket), op) }.map_err(nccl_error)?;
+        Ok(bucket.tensor)
+    }
+}
