@@ -35,6 +35,8 @@ DROVE_CHROMIUM="$(bash scripts/browser-tools.sh)"
 export DROVE_CHROMIUM
 echo "test: kubernetes-validate --strict deploy/k8s/*.yaml"
 "$(dirname "$DROVE_TOOLS_PYTHON")/kubernetes-validate" --strict --quiet deploy/k8s/*.yaml
+echo "test: the GPU check's choice of CUDA headers and libraries (python3 -m unittest)"
+python3 -m unittest discover -s scripts -p 'test_gpu_check.py'
 echo "test: cargo fmt --check"
 cargo fmt --all -- --check
 echo "test: cargo clippy"
@@ -61,4 +63,5 @@ cargo check --workspace --all-targets --locked --features cuda,nccl
 echo "test: cargo check --features cuda,nccl took $(( $(date +%s) - gpu_started )) s"
 cargo clippy --workspace --all-targets --locked --features cuda,nccl -- -D warnings
 cargo test -p drove-cli --locked --features cuda,nccl --test gpu
+cargo test -p drove-nccl --locked --features nccl --lib
 echo "test: the GPU build's steps took $(( $(date +%s) - gpu_started )) s"

@@ -72,11 +72,12 @@ fn stand_in(dir: &Path, name: &str) {
 const TRAIN: &[&str] = &["train", "ner", "--device", "cuda", "--epochs", "1"];
 const BENCH_TRAIN: &[&str] = &["bench", "train", "--device", "cuda:0", "--steps", "1"];
 const BENCH_NCCL: &[&str] = &["bench", "nccl", "--sizes", "1MiB"];
+const BENCH_BUCKETS: &[&str] = &["bench", "nccl", "--buckets", "--json"];
 
 #[test]
 #[cfg(not(feature = "cuda"))]
 fn without_the_features_each_gpu_command_says_how_to_build_it() {
-    for args in [TRAIN, BENCH_TRAIN, BENCH_NCCL] {
+    for args in [TRAIN, BENCH_TRAIN, BENCH_NCCL, BENCH_BUCKETS] {
         let out = drove(args, None, None);
         assert_clear_error(&out, &["built without GPU support", "--features cuda,nccl"]);
     }
@@ -134,6 +135,24 @@ fn the_nccl_backend_names_libcuda_then_libnccl_and_the_soname_link() {
     stand_in(libs.path(), "libnccl.so.2");
     let out = drove(BENCH_NCCL, Some(libs.path()), None);
     assert_clear_error(&out, &["libnccl.so.2 is loadable but cudarc opens libnccl.so", "ln -s"]);
+}
+
+#[test]
+#[cfg(feature = "nccl")]
+fn the_in_place_check_opens_burn_s_gpu_first_and_names_what_is_missing() {
+    if has_libcuda() {
+        eprintln!("skipped: this machine has libcuda, so its absence cannot be tested");
+        return;
+    }
+    let out = drove(BENCH_BUCKETS, None, None);
+    assert_clear_error(&out, &["opening GPU 0", "libcuda.so cannot be loaded"]);
+    let libs = tempfile::tempdir().unwrap();
+    stand_in(libs.path(), "libcuda.so");
+    let out = drove(BENCH_BUCKETS, Some(libs.path()), None);
+    assert_clear_error(&out, &["opening GPU 0", "libnvrtc.so cannot be loaded"]);
+    stand_in(libs.path(), "libnvrtc.so");
+    let out = drove(BENCH_BUCKETS, Some(libs.path()), None);
+    assert_clear_error(&out, &["CUDA headers", "/nonexistent-cuda/include/cuda.h"]);
 }
 
 /// `drove weights` (the GPU check carries MiniLM as f16): f32 -> f16 -> f32
