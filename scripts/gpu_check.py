@@ -227,12 +227,16 @@ def library_versions(choice):
     out = {}
     try:
         v = ctypes.c_int()
+        if choice["nccl"] is None:
+            raise OSError("no libnccl was found")
         ctypes.CDLL(choice["nccl"]).ncclGetVersion(ctypes.byref(v))
         out["nccl"] = {"code": v.value, "version": f"{v.value // 10000}.{v.value // 100 % 100}.{v.value % 100}"}
     except (OSError, TypeError, AttributeError) as e:
         out["nccl"] = {"error": str(e)}
     try:
         major, minor = ctypes.c_int(), ctypes.c_int()
+        if choice["nvrtc"] is None:
+            raise OSError("no libnvrtc was found")
         ctypes.CDLL(choice["nvrtc"]).nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
         out["nvrtc"] = f"{major.value}.{minor.value}"
     except (OSError, TypeError, AttributeError) as e:
@@ -400,10 +404,10 @@ def train_equivalence(report, drove, data, model, env, work, left):
     one, two = os.path.join(work, "equivalence-1"), os.path.join(work, "equivalence-2")
     result = {"steps": 5, "bound": 1e-5}
     result["world1"] = run_json(report, "train world 1", [drove] + small + ["--batch-size", "16", "--out", one],
-                                env, min(90, left() - 60))
+                                env, min(75, left() - 250))
     result["world2"] = run_json(report, "train world 2",
                                 under_run(drove, 2, small + ["--batch-size", "8", "--out", two]),
-                                env, min(90, left() - 40))
+                                env, min(75, left() - 200))
     if result["world1"] and result["world2"]:
         try:
             d = relative_difference(read_checkpoint(one), read_checkpoint(two))
@@ -460,7 +464,7 @@ def main():
     sizes = ["--sizes", "64MiB,1GiB"]
     report.set("nccl", run_json(report, "nccl", [drove, "bench", "nccl", "--json"] + sizes, env, min(60, left())))
     report.set("in_place", run_json(report, "in place", [drove, "bench", "nccl", "--buckets", "--json"], env,
-                                    min(45, left())))
+                                    min(40, left())))
 
     code = versions["nccl"].get("code") if isinstance(versions["nccl"], dict) else None
     if code is not None and code >= MULTI_RANK_GPU_FROM:
@@ -469,10 +473,10 @@ def main():
         report.set("in_place_world2", run_json(report, "in place world 2",
                                                under_run(drove, 2, ["bench", "nccl", "--buckets", "--gpu", "0",
                                                                     "--json"]),
-                                               env2, min(45, left()), every_rank=True))
+                                               env2, min(40, left()), every_rank=True))
         report.set("nccl_world2", run_json(report, "nccl world 2",
                                            under_run(drove, 2, ["bench", "nccl", "--gpu", "0", "--json"] + sizes),
-                                           env2, min(60, left()), every_rank=True))
+                                           env2, min(45, left()), every_rank=True))
         if real:
             report.set("train_equivalence", train_equivalence(report, drove, data, model, env2, work, left))
         else:
