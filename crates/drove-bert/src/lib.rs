@@ -41,8 +41,10 @@ use std::path::PathBuf;
 
 pub use config::BertConfig;
 pub use dropout::{dropout, seed_dropout, seed_dropout_rows};
+/// The safetensors header check run before every read (from `drove-safetensors`).
+pub use drove_safetensors::check_header as check_safetensors_header;
 pub use gelu::gelu;
-pub use load::{LoadReport, check_safetensors_header, load_safetensors};
+pub use load::{LoadReport, load_safetensors};
 pub use model::{Bert, BertForTokenClassification, Embeddings, Layer, mask_bias};
 
 /// A model that cannot be built or loaded.

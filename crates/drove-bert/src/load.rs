@@ -65,84 +65,6 @@ impl Source<'_> {
     }
 }
 
-/// Checks the layout the header of a safetensors file (`bytes`, the whole file)
-/// declares, as `SafeTensors::deserialize` does, but naming the tensor at fault
-/// (or `header`) in the error, and with checked arithmetic throughout: offsets
-/// that add up to near `usize::MAX` make the crate's own final sum overflow,
-/// which panics in debug builds. Call it before `SafeTensors::deserialize`.
-pub fn check_safetensors_header(bytes: &[u8]) -> Result<(), String> {
-    let Some((length, rest)) = bytes.split_first_chunk::<8>() else {
-        return Err(format!(
-            "header: the file is {} bytes, shorter than the 8-byte header length",
-            bytes.len()
-        ));
-    };
-    let length = u64::from_le_bytes(*length);
-    if length > rest.len() as u64 {
-        return Err(format!("header: its length field says {length} bytes, but only {} follow", rest.len()));
-    }
-    let (header, data) = rest.split_at(length as usize);
-    let header = std::str::from_utf8(header).map_err(|e| format!("header: not UTF-8 ({e})"))?;
-    let header: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(header).map_err(|e| format!("header: not a JSON object of tensors ({e})"))?;
-    let mut spans = Vec::with_capacity(header.len());
-    for (name, entry) in &header {
-        if name == "__metadata__" {
-            continue;
-        }
-        let info: safetensors::tensor::TensorInfo =
-            serde_json::from_value(entry.clone()).map_err(|e| format!("tensor {name}: {e}"))?;
-        let (dtype, shape, (start, end)) = (info.dtype, &info.shape, info.data_offsets);
-        let bits = shape
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .and_then(|n| n.checked_mul(dtype.bitsize()))
-            .ok_or_else(|| format!("tensor {name}: {dtype:?} of shape {shape:?} is too large to address"))?;
-        if bits % 8 != 0 {
-            return Err(format!("tensor {name}: {dtype:?} of shape {shape:?} does not fill whole bytes"));
-        }
-        if end < start {
-            return Err(format!("tensor {name}: data_offsets [{start}, {end}] end before they start"));
-        }
-        if end - start != bits / 8 {
-            return Err(format!(
-                "tensor {name}: {dtype:?} of shape {shape:?} needs {} bytes, but data_offsets [{start}, {end}] hold {}",
-                bits / 8,
-                end - start
-            ));
-        }
-        if end > data.len() {
-            return Err(format!(
-                "tensor {name}: data_offsets [{start}, {end}] reach past the {} bytes after the header",
-                data.len()
-            ));
-        }
-        spans.push((start, end, name));
-    }
-    spans.sort();
-    let mut covered = 0;
-    for (start, end, name) in spans {
-        if start != covered {
-            let what = if start < covered {
-                "overlap the tensor before"
-            } else {
-                "leave a gap after the tensor before"
-            };
-            return Err(format!(
-                "tensor {name}: data_offsets [{start}, {end}] {what} (which ends at {covered})"
-            ));
-        }
-        covered = end;
-    }
-    if covered != data.len() {
-        return Err(format!(
-            "header: the tensors cover {covered} bytes, but {} bytes follow the header",
-            data.len()
-        ));
-    }
-    Ok(())
-}
-
 fn tensor<B: Backend, const D: usize>(
     values: Vec<f32>,
     shape: Vec<usize>,
@@ -165,7 +87,7 @@ pub fn load_safetensors<B: Backend>(
     let path = path.as_ref();
     let bytes = std::fs::read(path)
         .map_err(|e| BertError::Weights { path: path.to_path_buf(), message: format!("cannot read: {e}") })?;
-    check_safetensors_header(&bytes).map_err(|message| BertError::Weights {
+    drove_safetensors::check_header(&bytes).map_err(|message| BertError::Weights {
         path: path.to_path_buf(),
         message: format!("not a safetensors file: {message}"),
     })?;

@@ -10,8 +10,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Args;
 use drove_comm::Collective;
+use drove_ner::{NerError, NerOptions, NerSummary, Observer};
 use drove_train::gpu::DeviceChoice;
-use drove_train::ner::{NerError, NerOptions, NerSummary, Observer};
 
 /// A GPU opened for training (its checks passed).
 pub struct Gpu {
@@ -85,7 +85,7 @@ impl Gpu {
             };
             #[cfg(not(feature = "nccl"))]
             let reducer: Option<Reducer> = None;
-            drove_train::ner::train_ner_with::<burn::backend::Autodiff<Cuda>>(
+            drove_ner::train_ner_with::<burn::backend::Autodiff<Cuda>>(
                 opts,
                 comm,
                 observer,

@@ -17,12 +17,12 @@ use clap::Args;
 use drove_collate::MaskSeeding;
 use drove_comm::{Collective, Communicator, SingleProcess};
 use drove_metrics::{MetricsRecorder, RecorderOptions};
+use drove_ner::{
+    DiagnoseReport, EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner,
+};
 use drove_train::Placement;
 use drove_train::flat::AdamWSettings;
 use drove_train::gpu::DeviceChoice;
-use drove_train::ner::{
-    DiagnoseReport, EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner,
-};
 use drove_train::schedule::LrScaling;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;

@@ -112,7 +112,7 @@ fn read_tensors(path: &Path) -> Result<Tensors, CheckpointError> {
     let bytes = std::fs::read(path).map_err(|e| io(path, "cannot read", e))?;
     // Before the crate reads it: names the tensor at fault, and offsets that add up
     // to near `usize::MAX` are an error here rather than an overflow there.
-    drove_bert::check_safetensors_header(&bytes).map_err(|message| CheckpointError::Corrupt {
+    drove_safetensors::check_header(&bytes).map_err(|message| CheckpointError::Corrupt {
         path: path.to_path_buf(),
         message: format!("not a safetensors file ({message})"),
     })?;

@@ -16,8 +16,9 @@
 //! The parts it is made of are public too: [`broadcast_parameters`] and
 //! [`all_reduce_gradients`] for a loop of one's own, [`flat`] (flat buffers,
 //! clipping, AdamW), [`device`] (the same on the device), [`micro`],
-//! [`schedule`] and [`checkpoint`]. [`ner`] is one user: the BERT fine-tune for
-//! named-entity recognition that joins `drove-bert` and `drove-collate`.
+//! [`schedule`] and [`checkpoint`]. `drove-ner` is one user: the BERT fine-tune
+//! for named-entity recognition that joins `drove-bert` and `drove-collate`;
+//! this crate depends on neither.
 //!
 //! Parameters are visited in module order, which is the same on every rank for
 //! the same model type, so ranks exchange matching buffers without naming them.
@@ -30,7 +31,6 @@ pub mod device;
 pub mod flat;
 pub mod gpu;
 pub mod micro;
-pub mod ner;
 pub mod replica;
 pub mod schedule;
 pub mod timeline;

@@ -276,12 +276,6 @@ impl<T: Sync> Rows for Vec<T> {
     }
 }
 
-impl Rows for drove_collate::Batch {
-    fn rows(&self) -> usize {
-        self.batch_size
-    }
-}
-
 /// One micro-batch, as the loss closure sees it.
 #[derive(Debug)]
 pub struct Micro<'a, T: ?Sized> {
@@ -845,8 +839,8 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
 }
 
 /// Splits `rows` into at most `parts` contiguous ranges of near-equal size (the
-/// first ones one row larger), leaving out empty ones: the split of
-/// `drove_collate::Batch::split`.
+/// first ones one row larger), leaving out empty ones (the split
+/// `drove-collate`'s `Batch::split` makes too).
 pub fn split_rows(rows: usize, parts: usize) -> Vec<Range<usize>> {
     let parts = parts.clamp(1, rows.max(1));
     let (base, extra) = (rows / parts, rows % parts);

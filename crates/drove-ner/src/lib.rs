@@ -1,5 +1,11 @@
-//! Fine-tuning a BERT for named-entity recognition on CoNLL-format data, on one
-//! rank or many, through the [`Collective`] trait.
+//! # drove-ner: fine-tuning a BERT for named-entity recognition on N ranks
+//!
+//! The application of drove's pieces: CoNLL-format data read and collated by
+//! `drove-collate` (masked as augmentation from per-sample streams), a BERT
+//! token classifier from `drove-bert`, and the distributed step of
+//! `drove-train` ([`drove_train::Replica`]) through the [`Collective`] trait.
+//! It lives apart from `drove-train` so that a user of the generic step does
+//! not depend on tokenizers or on BERT.
 //!
 //! Each step: the rank's batch (its shard, masked as augmentation from its own
 //! stream), forward, a token-level cross-entropy normalised by the labelled
@@ -8,12 +14,12 @@
 //! norm, and an AdamW update with warmup and linear decay. Every epoch the ranks
 //! evaluate their slices of the evaluation sets, sum entity-level TP/FP/FN across
 //! ranks, and rank 0 writes the predictions and a checkpoint.
+#![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::timeline::{Timeline, Traced, Track};
 use burn::module::AutodiffModule;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -27,13 +33,14 @@ use drove_collate::{
 };
 use drove_comm::{Buffer, Collective, Element, ReduceOptions};
 use drove_seed::StreamKey;
+use drove_train::timeline::{Timeline, Traced, Track};
 
-use crate::checkpoint::{self, LoopState};
-use crate::device::BucketAllReduce;
-use crate::flat::{AdamWSettings, cosine};
-use crate::micro::MicroBatches;
-use crate::replica::{LossReduction, Placement, Replica, ReplicaOptions, Schedule};
-use crate::schedule::LrScaling;
+use drove_train::checkpoint::{self, LoopState};
+use drove_train::device::BucketAllReduce;
+use drove_train::flat::{AdamWSettings, cosine};
+use drove_train::micro::MicroBatches;
+use drove_train::replica::{LossReduction, Placement, Replica, ReplicaOptions, Schedule};
+use drove_train::schedule::LrScaling;
 
 /// Everything a fine-tune needs to know.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -75,7 +82,7 @@ pub struct NerOptions {
     #[serde(default)]
     pub on_identical_masks: MaskAlarm,
     /// Write a Chrome trace-event timeline of every rank's steps here (rank 0
-    /// writes it at the end; see [`crate::timeline`]).
+    /// writes it at the end; see [`drove_train::timeline`]).
     #[serde(default)]
     pub timeline: Option<PathBuf>,
     /// The parameter whose local gradients the diagnostic compares.
@@ -194,7 +201,7 @@ pub enum NerError {
     Comm(#[from] drove_comm::CommError),
     /// A step failed.
     #[error(transparent)]
-    Train(#[from] crate::TrainError),
+    Train(#[from] drove_train::TrainError),
     /// The diversity alarm with `--on-identical-masks fail`: every rank
     /// stopped at a diagnosed step whose masks were identical across ranks.
     #[error("the diversity alarm stopped the run at {message}")]
@@ -239,7 +246,7 @@ pub struct StepReport {
     /// Time in each phase of the replica's step. On a GPU a phase ends at its
     /// host sync (compute: each micro-batch's loss value; clip: the norm), so
     /// the update's queued kernels are counted in the next step's compute.
-    pub phases: crate::PhaseTimes,
+    pub phases: drove_train::PhaseTimes,
 }
 
 /// One evaluation.
@@ -765,9 +772,9 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
         let scale = world as f64 / labelled_global;
         let num_labels = self.data.labels.len();
         let computed = Instant::now();
-        self.replica.backward(batch, |model, micro| {
+        self.replica.backward(&BatchRows(batch), |model, micro| {
             drove_bert::seed_dropout_rows(dropout_seed, micro.rows.start);
-            let part = micro.batch.rows(micro.rows.clone());
+            let part = micro.batch.0.rows(micro.rows.clone());
             let (ids, types, mask) = batch_tensors::<B>(&part, device);
             loss(model.forward(ids, types, mask), &part.labels, num_labels, scale, device)
         })?;
@@ -857,6 +864,16 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             self.last_checkpoint = Some(dir);
         }
         Ok(())
+    }
+}
+
+/// A collated batch as the replica splits it: by its rows (the trait and the
+/// type live in crates that do not know each other).
+struct BatchRows<'a>(&'a Batch);
+
+impl drove_train::Rows for BatchRows<'_> {
+    fn rows(&self) -> usize {
+        self.0.batch_size
     }
 }
 
