@@ -373,7 +373,7 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
             .map(|r| {
                 json!({
                     "run_id": r.run_id,
-                    "state": r.state,
+                    "state": r.state().word(),
                     "world_size": r.world_size,
                     "joined": r.joined,
                     "points": r.points,
@@ -409,7 +409,7 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
         let line = format!(
             "{:<width$}  {:<12}  {:>5}  {:>6}  {:>8}  {:>10}  {:<19}  {}",
             r.run_id,
-            r.state,
+            r.state(),
             r.world_size,
             r.joined,
             r.restarts,

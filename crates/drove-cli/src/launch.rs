@@ -36,7 +36,7 @@ use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use drove_proto::client::{Authed, Clients};
 use drove_proto::v1::rendezvous_client::RendezvousClient;
-use drove_proto::v1::{HeartbeatRequest, LeaveRequest};
+use drove_proto::v1::{HeartbeatRequest, LeaveRequest, RunState};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -514,8 +514,8 @@ async fn check_run_is_free(clients: &mut Clients, run_id: &str) -> anyhow::Resul
         Err(_) => bail!("the coordinator did not answer within 15 s"),
         Ok(Err(s)) if s.code() == tonic::Code::NotFound => Ok(()),
         Ok(Err(s)) => Err(status_error(s)),
-        Ok(Ok(r)) => match r.into_inner().state.as_str() {
-            "finished" | "failed" => Ok(()),
+        Ok(Ok(r)) => match r.into_inner().state() {
+            RunState::Finished | RunState::Failed => Ok(()),
             state => bail!("run {run_id:?} is already {state} on the coordinator; choose another --run-id"),
         },
     }
@@ -535,8 +535,8 @@ async fn watch_run(mut rendezvous: RendezvousClient<Authed>, run_id: String, tx:
             rendezvous.heartbeat(HeartbeatRequest { run_id: run_id.clone(), rank: 0, observer: true });
         if let Ok(Ok(reply)) = tokio::time::timeout(Duration::from_secs(5), probe).await {
             let reply = reply.into_inner();
-            running |= reply.state == "running";
-            if running && reply.state == "failed" && !reply.error.is_empty() {
+            running |= reply.state() == RunState::Running;
+            if running && reply.state() == RunState::Failed && !reply.error.is_empty() {
                 let _ = tx.send(Event::RunFailed(reply.error));
                 return;
             }

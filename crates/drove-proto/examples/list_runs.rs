@@ -18,7 +18,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     for r in runs {
         println!(
             "{:<24} {:<12} world {:>3}  joined {:>3}  points {}",
-            r.run_id, r.state, r.world_size, r.joined, r.points
+            r.run_id,
+            r.state(),
+            r.world_size,
+            r.joined,
+            r.points
         );
     }
     Ok(())

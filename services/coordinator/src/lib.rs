@@ -32,6 +32,7 @@
 mod metrics;
 pub mod prometheus;
 mod rendezvous;
+pub mod run_state;
 pub mod store;
 mod validate;
 mod weights;
@@ -52,6 +53,7 @@ use tonic::{Request, Status};
 
 pub use metrics::MetricsService;
 pub use rendezvous::RendezvousService;
+pub use run_state::RunState;
 pub use weights::WeightsService;
 
 /// Coordinator settings.

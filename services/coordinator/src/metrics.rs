@@ -347,6 +347,7 @@ impl Metrics for MetricsService {
         let runs = runs
             .into_iter()
             .map(|r| RunInfo {
+                state: r.listed_state().into(),
                 events: events
                     .remove(&r.run_id)
                     .unwrap_or_default()
@@ -361,7 +362,6 @@ impl Metrics for MetricsService {
                     })
                     .collect(),
                 run_id: r.run_id,
-                state: r.state,
                 world_size: r.world_size,
                 joined: r.joined,
                 points: r.points,

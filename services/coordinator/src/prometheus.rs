@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use crate::run_state::RunState;
 use crate::store::{Store, StoreError};
 
 /// Counters the services bump as they work.
@@ -75,7 +76,7 @@ pub fn render(store: &Store, counters: &Counters) -> Result<String, StoreError> 
         "# HELP drove_diversity_alarm 1 when the run's masks were found identical (or anti-correlated) across ranks."
     );
     let _ = writeln!(w, "# TYPE drove_diversity_alarm gauge");
-    for r in runs.iter().filter(|r| r.state == "running") {
+    for r in runs.iter().filter(|r| r.state == Some(RunState::Running)) {
         let raised = events.get(&r.run_id).is_some_and(|e| e.iter().any(|e| e.kind == "diversity_alarm"));
         let _ = writeln!(w, "drove_diversity_alarm{{run=\"{}\"}} {}", label(&r.run_id), u8::from(raised));
     }
@@ -83,9 +84,10 @@ pub fn render(store: &Store, counters: &Counters) -> Result<String, StoreError> 
     let _ = writeln!(w, "# TYPE drove_runs gauge");
     let mut states: Vec<(&str, usize)> = Vec::new();
     for r in &runs {
-        match states.iter_mut().find(|(s, _)| *s == r.state) {
+        let state = r.listed_state().word();
+        match states.iter_mut().find(|(s, _)| *s == state) {
             Some((_, n)) => *n += 1,
-            None => states.push((&r.state, 1)),
+            None => states.push((state, 1)),
         }
     }
     states.sort_unstable();

@@ -13,6 +13,7 @@ use drove_proto::v1::{
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::run_state::RunState;
 use crate::store::{Store, StoreError};
 use crate::validate::{check_run_id, check_world_size, internal};
 
@@ -27,8 +28,12 @@ struct Run {
     members: Vec<Option<Member>>,
     /// Bumped on every membership change; waiters re-check on change.
     changed: watch::Sender<u64>,
-    state: &'static str,
+    /// Where the run is; changed only through its transitions.
+    state: RunState,
+    /// Which ranks have left.
     left: Vec<bool>,
+    /// Whether any worker left with an error or fell silent: once every
+    /// worker has left, the run ends failed.
     failed: bool,
     kv: HashMap<String, Vec<u8>>,
     kv_changed: watch::Sender<u64>,
@@ -45,7 +50,7 @@ impl Run {
             world_size,
             members: vec![None; world_size],
             changed: watch::channel(0).0,
-            state: "rendezvous",
+            state: RunState::default(),
             left: vec![false; world_size],
             failed: false,
             kv: HashMap::new(),
@@ -80,6 +85,59 @@ impl Run {
                 .collect(),
         )
     }
+
+    /// The rank a join takes in this run: the one it asks for if that is free,
+    /// else the first free one. Refused if the join's world size disagrees with
+    /// the run's, the run is full, or the rank asked for is taken.
+    fn rank_for(&self, req: &JoinRequest) -> Result<usize, Status> {
+        let world = req.world_size as usize;
+        if self.world_size != world {
+            return Err(Status::invalid_argument(format!(
+                "world_size {world} disagrees with run {:?}, which expects {} workers",
+                req.run_id, self.world_size
+            )));
+        }
+        if self.joined() == world {
+            return Err(Status::failed_precondition(format!(
+                "run {:?} is full: {world} of {world} workers already joined",
+                req.run_id
+            )));
+        }
+        if req.requested_rank < 0 {
+            return Ok(self
+                .members
+                .iter()
+                .position(Option::is_none)
+                .expect("a free rank in a run that is not full"));
+        }
+        let r = RendezvousService::rank_of(req.requested_rank, world, "requested_rank")?;
+        if self.members[r].is_some() {
+            return Err(Status::already_exists(format!("run {:?}: rank {r} is already taken", req.run_id)));
+        }
+        Ok(r)
+    }
+}
+
+/// Checks a join request on its own, before any run is looked at; returns how
+/// long the join waits for its world.
+fn check_join(req: &JoinRequest, default_timeout: Duration) -> Result<Duration, Status> {
+    check_run_id(&req.run_id, "run_id")?;
+    check_world_size(req.world_size, "world_size")?;
+    if req.address.is_empty() {
+        return Err(Status::invalid_argument(
+            "address must be the worker's data-plane host:port, found empty",
+        ));
+    }
+    if req.restart_count < 0 {
+        return Err(Status::invalid_argument(format!(
+            "restart_count must be >= 0, found {}",
+            req.restart_count
+        )));
+    }
+    if req.timeout_ms < 0 {
+        return Err(Status::invalid_argument(format!("timeout_ms must be >= 0, found {}", req.timeout_ms)));
+    }
+    Ok(if req.timeout_ms == 0 { default_timeout } else { Duration::from_millis(req.timeout_ms as u64) })
 }
 
 /// Shared rendezvous state.
@@ -106,8 +164,8 @@ impl RendezvousService {
                 run.left[r] = m.left;
                 run.failed |= !m.error.is_empty();
             }
-            run.state = if live.state == "running" { "running" } else { "rendezvous" };
-            tracing::info!(run = %live.run_id, state = run.state, world, joined = run.joined(), "resumed a run from the store");
+            run.state = live.state.on_resume();
+            tracing::info!(run = %live.run_id, state = %run.state, world, joined = run.joined(), "resumed a run from the store");
             runs.insert(live.run_id, run);
         }
         Ok(RendezvousService { runs: Arc::new(Mutex::new(runs)), store, default_timeout })
@@ -117,7 +175,7 @@ impl RendezvousService {
         self.runs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn persist(&self, run_id: &str, state: &str, world: usize, joined: usize) -> Result<(), Status> {
+    fn persist(&self, run_id: &str, state: RunState, world: usize, joined: usize) -> Result<(), Status> {
         self.store.upsert_run(run_id, state, world as i32, joined as i32).map_err(internal)
     }
 
@@ -131,121 +189,57 @@ impl RendezvousService {
     }
 }
 
+/// A join's parts: [`check_join`] (the request alone), then under the run
+/// lock the place ([`Run::rank_for`]), the transition ([`RunState::on_join`])
+/// and the store ([`RendezvousService::persist_join`]), then the wait.
 impl RendezvousService {
-    /// Fails every running run with a rank that sent heartbeats and then none
-    /// for `timeout`, naming the rank and its host; returns those runs.
-    pub fn fail_silent_ranks(&self, timeout: Duration) -> Vec<(String, String)> {
-        let mut failed = Vec::new();
-        {
-            let mut runs = self.lock();
-            for (run_id, run) in runs.iter_mut().filter(|(_, r)| r.state == "running") {
-                let silent = (0..run.world_size)
-                    .find(|&r| !run.left[r] && run.heartbeats[r].is_some_and(|at| at.elapsed() >= timeout));
-                if let Some(r) = silent {
-                    let host = run.members[r].as_ref().map_or("?", |m| m.host.as_str());
-                    let since = run.heartbeats[r].map_or(Duration::ZERO, |at| at.elapsed());
-                    run.error = format!(
-                        "rank {r} on host {host} sent no heartbeat for {:.1} s (hung or stopped; the limit is {:.1} s)",
-                        since.as_secs_f64(),
-                        timeout.as_secs_f64()
-                    );
-                    run.state = "failed";
-                    run.failed = true;
-                    tracing::warn!(run = %run_id, "{}", run.error);
-                    // Under the lock, in order with the joins and leaves.
-                    let _ = self.store.member_left(run_id, r as i32, &run.error);
-                    let _ = self.persist(run_id, "failed", run.world_size, run.joined());
-                    failed.push((run_id.clone(), run.error.clone()));
-                }
-            }
-        }
-        failed
-    }
-}
-
-#[tonic::async_trait]
-impl Rendezvous for RendezvousService {
-    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
-        let req = request.into_inner();
-        check_run_id(&req.run_id, "run_id")?;
-        check_world_size(req.world_size, "world_size")?;
-        if req.address.is_empty() {
-            return Err(Status::invalid_argument(
-                "address must be the worker's data-plane host:port, found empty",
-            ));
-        }
-        if req.restart_count < 0 {
-            return Err(Status::invalid_argument(format!(
-                "restart_count must be >= 0, found {}",
-                req.restart_count
-            )));
-        }
-        if req.timeout_ms < 0 {
-            return Err(Status::invalid_argument(format!(
-                "timeout_ms must be >= 0, found {}",
-                req.timeout_ms
-            )));
-        }
+    /// Gives a checked join its place in its run (a run id that has ended
+    /// starts over) and moves the run's state on; returns the rank and a
+    /// receiver of the run's changes. The store is written before the lock is
+    /// released: two joins racing must not store their states in the other
+    /// order (the last join's running overwritten by the first one's rendezvous).
+    fn admit(&self, req: &JoinRequest) -> Result<(usize, watch::Receiver<u64>), Status> {
         let world = req.world_size as usize;
-        let timeout = if req.timeout_ms == 0 {
-            self.default_timeout
-        } else {
-            Duration::from_millis(req.timeout_ms as u64)
-        };
-        let member = Member { address: req.address.clone(), host: req.host.clone() };
-        let (rank, mut changed) = {
-            let mut runs = self.lock();
-            let mut fresh = !runs.contains_key(&req.run_id);
-            let run = runs.entry(req.run_id.clone()).or_insert_with(|| Run::new(world));
-            if matches!(run.state, "finished" | "failed") {
-                *run = Run::new(world); // a finished run id may rendezvous again (a resumed job)
-                fresh = true;
-            }
-            if run.world_size != world {
-                return Err(Status::invalid_argument(format!(
-                    "world_size {world} disagrees with run {:?}, which expects {} workers",
-                    req.run_id, run.world_size
-                )));
-            }
-            if run.joined() == world {
-                return Err(Status::failed_precondition(format!(
-                    "run {:?} is full: {world} of {world} workers already joined",
-                    req.run_id
-                )));
-            }
-            let rank = if req.requested_rank >= 0 {
-                let r = Self::rank_of(req.requested_rank, world, "requested_rank")?;
-                if run.members[r].is_some() {
-                    return Err(Status::already_exists(format!(
-                        "run {:?}: rank {r} is already taken",
-                        req.run_id
-                    )));
-                }
-                r
-            } else {
-                run.members.iter().position(Option::is_none).expect("a free rank in a run that is not full")
-            };
-            run.members[rank] = Some(member.clone());
-            let joined = run.joined();
-            if joined == world {
-                run.state = "running";
-            }
-            // Stored before the lock is released: two joins racing must not
-            // store their states in the other order (the last join's
-            // "running" overwritten by the first one's "rendezvous").
-            if fresh {
-                self.store.remove_members(&req.run_id, None).map_err(internal)?;
-            }
-            self.store
-                .put_member(&req.run_id, rank as i32, &member.address, &member.host)
-                .map_err(internal)?;
-            self.persist(&req.run_id, run.state, world, joined)?;
-            if req.restart_count > 0 {
-                self.store.record_restarts(&req.run_id, req.restart_count).map_err(internal)?;
-            }
-            run.changed.send_modify(|v| *v += 1);
-            (rank, run.changed.subscribe())
-        };
+        let mut runs = self.lock();
+        let mut fresh = !runs.contains_key(&req.run_id);
+        let run = runs.entry(req.run_id.clone()).or_insert_with(|| Run::new(world));
+        if run.state.has_ended() {
+            *run = Run::new(world); // a finished run id may rendezvous again (a resumed job)
+            fresh = true;
+        }
+        let rank = run.rank_for(req)?;
+        run.members[rank] = Some(Member { address: req.address.clone(), host: req.host.clone() });
+        run.state = run.state.on_join(run.joined(), world).map_err(internal)?;
+        self.persist_join(req, rank, fresh, run)?;
+        run.changed.send_modify(|v| *v += 1);
+        Ok((rank, run.changed.subscribe()))
+    }
+
+    /// Stores a join: the run's earlier workers forgotten if its id starts
+    /// over (`fresh`), the worker at `rank`, the run's state and size, and the
+    /// launcher's restart count.
+    fn persist_join(&self, req: &JoinRequest, rank: usize, fresh: bool, run: &Run) -> Result<(), Status> {
+        if fresh {
+            self.store.remove_members(&req.run_id, None).map_err(internal)?;
+        }
+        self.store.put_member(&req.run_id, rank as i32, &req.address, &req.host).map_err(internal)?;
+        self.persist(&req.run_id, run.state, run.world_size, run.joined())?;
+        if req.restart_count > 0 {
+            self.store.record_restarts(&req.run_id, req.restart_count).map_err(internal)?;
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the world of the join at `rank` to fill, and
+    /// answers its rank and the peer table; a join whose world does not fill
+    /// in time gives its place back and says who else is waiting.
+    async fn wait_for_world(
+        &self,
+        req: &JoinRequest,
+        rank: usize,
+        mut changed: watch::Receiver<u64>,
+        timeout: Duration,
+    ) -> Result<Response<JoinResponse>, Status> {
         let wait = async {
             loop {
                 {
@@ -259,6 +253,7 @@ impl Rendezvous for RendezvousService {
                 }
             }
         };
+        let world = req.world_size as usize;
         match tokio::time::timeout(timeout, wait).await {
             Ok(Ok(peers)) => Ok(Response::new(JoinResponse {
                 rank: rank as i32,
@@ -268,21 +263,7 @@ impl Rendezvous for RendezvousService {
             })),
             Ok(Err(status)) => Err(status),
             Err(_) => {
-                // Leave the run again, so a retry (or another worker) can take the place.
-                let (joined, ranks) = {
-                    let mut runs = self.lock();
-                    let run = runs.get_mut(&req.run_id).expect("runs are never removed");
-                    if run.members[rank].as_ref().is_some_and(|m| m.address == req.address)
-                        && run.state == "rendezvous"
-                    {
-                        run.members[rank] = None;
-                        let _ = self.store.remove_members(&req.run_id, Some(rank as i32));
-                        let _ = self.persist(&req.run_id, run.state, world, run.joined());
-                        run.changed.send_modify(|v| *v += 1);
-                    }
-                    let ranks: Vec<usize> = (0..world).filter(|&r| run.members[r].is_some()).collect();
-                    (run.joined(), ranks)
-                };
+                let (joined, ranks) = self.withdraw(req, rank);
                 Err(Status::deadline_exceeded(format!(
                     "run {:?}: the world did not fill within {:.1?}: only {} of {world} workers joined (ranks {:?} still waiting besides this one)",
                     req.run_id,
@@ -292,6 +273,70 @@ impl Rendezvous for RendezvousService {
                 )))
             }
         }
+    }
+
+    /// Leaves the run again after a join timed out, so that a retry (or
+    /// another worker) can take the place: only while the run is in
+    /// rendezvous and the place still holds this worker. Returns the number of
+    /// workers in the run and their ranks.
+    fn withdraw(&self, req: &JoinRequest, rank: usize) -> (usize, Vec<usize>) {
+        let world = req.world_size as usize;
+        let mut runs = self.lock();
+        let run = runs.get_mut(&req.run_id).expect("runs are never removed");
+        if run.members[rank].as_ref().is_some_and(|m| m.address == req.address)
+            && let Ok(state) = run.state.on_withdraw()
+        {
+            run.state = state;
+            run.members[rank] = None;
+            let _ = self.store.remove_members(&req.run_id, Some(rank as i32));
+            let _ = self.persist(&req.run_id, run.state, world, run.joined());
+            run.changed.send_modify(|v| *v += 1);
+        }
+        let ranks: Vec<usize> = (0..world).filter(|&r| run.members[r].is_some()).collect();
+        (run.joined(), ranks)
+    }
+}
+
+impl RendezvousService {
+    /// Fails every running run with a rank that sent heartbeats and then none
+    /// for `timeout`, naming the rank and its host; returns those runs.
+    pub fn fail_silent_ranks(&self, timeout: Duration) -> Vec<(String, String)> {
+        let mut failed = Vec::new();
+        {
+            let mut runs = self.lock();
+            for (run_id, run) in runs.iter_mut() {
+                let Ok(next) = run.state.on_silence() else { continue };
+                let silent = (0..run.world_size)
+                    .find(|&r| !run.left[r] && run.heartbeats[r].is_some_and(|at| at.elapsed() >= timeout));
+                if let Some(r) = silent {
+                    let host = run.members[r].as_ref().map_or("?", |m| m.host.as_str());
+                    let since = run.heartbeats[r].map_or(Duration::ZERO, |at| at.elapsed());
+                    run.error = format!(
+                        "rank {r} on host {host} sent no heartbeat for {:.1} s (hung or stopped; the limit is {:.1} s)",
+                        since.as_secs_f64(),
+                        timeout.as_secs_f64()
+                    );
+                    run.state = next;
+                    run.failed = true;
+                    tracing::warn!(run = %run_id, "{}", run.error);
+                    // Under the lock, in order with the joins and leaves.
+                    let _ = self.store.member_left(run_id, r as i32, &run.error);
+                    let _ = self.persist(run_id, run.state, run.world_size, run.joined());
+                    failed.push((run_id.clone(), run.error.clone()));
+                }
+            }
+        }
+        failed
+    }
+}
+
+#[tonic::async_trait]
+impl Rendezvous for RendezvousService {
+    async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
+        let req = request.into_inner();
+        let timeout = check_join(&req, self.default_timeout)?;
+        let (rank, changed) = self.admit(&req)?;
+        self.wait_for_world(&req, rank, changed, timeout).await
     }
 
     async fn heartbeat(
@@ -309,7 +354,10 @@ impl Rendezvous for RendezvousService {
                 let rank = Self::rank_of(req.rank, run.world_size, "rank")?;
                 run.heartbeats[rank] = Some(Instant::now());
             }
-            HeartbeatResponse { state: run.state.to_string(), error: run.error.clone() }
+            HeartbeatResponse {
+                state: drove_proto::v1::RunState::from(run.state).into(),
+                error: run.error.clone(),
+            }
         };
         if !req.observer {
             self.store.heartbeat(&req.run_id, req.rank, crate::store::now_ms()).map_err(internal)?;
@@ -326,8 +374,7 @@ impl Rendezvous for RendezvousService {
                 // Its workers never joined (they died first, or this coordinator
                 // restarted): record how the run ended all the same.
                 drop(runs);
-                let state = if req.error.is_empty() { "finished" } else { "failed" };
-                self.persist(&req.run_id, state, 0, 0)?;
+                self.persist(&req.run_id, RunState::ended(!req.error.is_empty()), 0, 0)?;
                 return Ok(Response::new(LeaveResponse {}));
             };
             let rank = Self::rank_of(req.rank, run.world_size, "rank")?;
@@ -336,11 +383,7 @@ impl Rendezvous for RendezvousService {
                 run.failed = true;
                 tracing::warn!(run = %req.run_id, rank, error = %req.error, "worker left with an error");
             }
-            if run.left.iter().all(|&l| l) {
-                run.state = if run.failed { "failed" } else { "finished" };
-            } else if run.failed {
-                run.state = "failed";
-            }
+            run.state = run.state.on_leave(run.left.iter().all(|&l| l), run.failed);
             // Under the lock, so that racing leaves store their states in order
             // (the last leave's "finished" is never overwritten by "running").
             self.store.member_left(&req.run_id, req.rank, &req.error).map_err(internal)?;

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+
+use crate::run_state::RunState;
 
 /// A store that cannot be opened or used.
 #[derive(Debug, thiserror::Error)]
@@ -53,8 +56,9 @@ pub struct Point {
 pub struct RunRow {
     /// Run.
     pub run_id: String,
-    /// State.
-    pub state: String,
+    /// State; none for a run that only recorded points (it never joined
+    /// through this coordinator: listed as metrics-only).
+    pub state: Option<RunState>,
     /// Expected workers.
     pub world_size: i32,
     /// Joined workers.
@@ -67,6 +71,29 @@ pub struct RunRow {
     pub updated_ms: i64,
     /// Times the world was restarted.
     pub restarts: i32,
+}
+
+impl RunRow {
+    /// The state as a listing shows it: metrics-only for a run that only
+    /// recorded points.
+    pub fn listed_state(&self) -> drove_proto::v1::RunState {
+        self.state.map_or(drove_proto::v1::RunState::MetricsOnly, drove_proto::v1::RunState::from)
+    }
+}
+
+/// A run's state is stored as its word (`running`, ...), so the rows of a
+/// store written before the state was a type read the same.
+impl ToSql for RunState {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.as_str()))
+    }
+}
+
+/// A stored word that is no state is an error naming it.
+impl FromSql for RunState {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        value.as_str()?.parse().map_err(|e| FromSqlError::Other(Box::new(e)))
+    }
 }
 
 /// A worker of a run as stored: who it is, when it was last heard of, and
@@ -93,8 +120,8 @@ pub struct MemberRow {
 pub struct LiveRun {
     /// Run.
     pub run_id: String,
-    /// `rendezvous` or `running`.
-    pub state: String,
+    /// Rendezvous or running.
+    pub state: RunState,
     /// Expected workers.
     pub world_size: i32,
     /// The workers that joined.
@@ -308,7 +335,7 @@ impl Store {
     pub fn upsert_run(
         &self,
         run_id: &str,
-        state: &str,
+        state: RunState,
         world_size: i32,
         joined: i32,
     ) -> Result<(), StoreError> {
@@ -517,15 +544,16 @@ impl Store {
         let mut stmt = conn
             .prepare(
                 "SELECT s.run_id, p.rank, s.name, p.value FROM points p JOIN series s ON s.id = p.series
-                  WHERE s.run_id IN (SELECT run_id FROM runs WHERE state = 'running')
+                  WHERE s.run_id IN (SELECT run_id FROM runs WHERE state = ?1)
                     AND p.id IN (SELECT MAX(q.id) FROM points q JOIN series t ON t.id = q.series
-                                  WHERE t.run_id IN (SELECT run_id FROM runs WHERE state = 'running')
+                                  WHERE t.run_id IN (SELECT run_id FROM runs WHERE state = ?1)
                                   GROUP BY q.series, q.rank)
                   ORDER BY s.run_id, p.rank, s.name",
             )
             .map_err(self.sql())?;
-        let rows =
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).map_err(self.sql())?;
+        let rows = stmt
+            .query_map([RunState::Running], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(self.sql())?;
         rows.collect::<Result<Vec<_>, _>>().map_err(self.sql())
     }
 
@@ -618,9 +646,9 @@ impl Store {
     pub fn live_runs(&self) -> Result<Vec<LiveRun>, StoreError> {
         let conn = self.lock();
         let mut runs: Vec<LiveRun> = conn
-            .prepare("SELECT run_id, state, world_size FROM runs WHERE state IN ('rendezvous', 'running')")
+            .prepare("SELECT run_id, state, world_size FROM runs WHERE state IN (?1, ?2)")
             .map_err(self.sql())?
-            .query_map([], |r| {
+            .query_map([RunState::Rendezvous, RunState::Running], |r| {
                 Ok(LiveRun {
                     run_id: r.get(0)?,
                     state: r.get(1)?,
@@ -668,7 +696,7 @@ impl Store {
                         MAX(r.updated_ms, COALESCE(p.last, 0)), r.restarts
                    FROM runs r LEFT JOIN per_run p ON p.run_id = r.run_id
                  UNION ALL
-                 SELECT run_id, 'metrics-only', 0, 0, n, first, last, 0 FROM per_run
+                 SELECT run_id, NULL, 0, 0, n, first, last, 0 FROM per_run
                   WHERE run_id NOT IN (SELECT run_id FROM runs)
                  ORDER BY 6 DESC",
             )
@@ -753,16 +781,69 @@ mod tests {
         assert!(!empty.join("coordinator.db").exists(), "and none is created");
 
         let writer = Store::open(dir.path()).unwrap();
-        writer.upsert_run("r", "running", 1, 1).unwrap();
+        writer.upsert_run("r", RunState::Running, 1, 1).unwrap();
         writer.insert_points(vec![point(1.0)]).unwrap();
         let reader = Store::open_read_only(dir.path()).unwrap();
         let all = Filter { run_id: "r".into(), ..Filter::default() };
-        assert_eq!(reader.runs().unwrap()[0].state, "running");
+        assert_eq!(reader.runs().unwrap()[0].listed_state().word(), "running");
         assert_eq!(reader.points(&all, false).unwrap().len(), 1);
         writer.insert_points(vec![point(2.0)]).unwrap();
         assert_eq!(reader.points(&all, false).unwrap().len(), 2, "the writer's new point, live");
-        assert!(reader.upsert_run("r", "finished", 1, 1).is_err(), "a write through the reader fails");
+        assert!(
+            reader.upsert_run("r", RunState::Finished, 1, 1).is_err(),
+            "a write through the reader fails"
+        );
         assert!(reader.insert_points(vec![point(3.0)]).is_err());
-        assert_eq!(writer.runs().unwrap()[0].state, "running");
+        assert_eq!(writer.runs().unwrap()[0].listed_state().word(), "running");
+    }
+
+    fn put_run_row(store: &Store, run_id: &str, state: &str) {
+        store
+            .lock()
+            .execute(
+                "INSERT INTO runs(run_id, state, world_size, joined, created_ms, updated_ms) VALUES (?1, ?2, 2, 2, 1, 1)",
+                params![run_id, state],
+            )
+            .unwrap();
+    }
+
+    #[test]
+    fn states_stored_as_words_read_back_and_a_bad_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        // Rows as the coordinator wrote them when the state was a string.
+        for (run_id, word) in [("a", "rendezvous"), ("b", "running"), ("c", "finished"), ("d", "failed")] {
+            put_run_row(&store, run_id, word);
+        }
+        store.insert_points(vec![Point { run_id: "m".into(), ..point(1.0) }]).unwrap();
+        let mut listed: Vec<(String, Option<RunState>, &str)> = store
+            .runs()
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.run_id.clone(), r.state, r.listed_state().word()))
+            .collect();
+        listed.sort_by(|x, y| x.0.cmp(&y.0));
+        assert_eq!(
+            listed,
+            [
+                ("a".into(), Some(RunState::Rendezvous), "rendezvous"),
+                ("b".into(), Some(RunState::Running), "running"),
+                ("c".into(), Some(RunState::Finished), "finished"),
+                ("d".into(), Some(RunState::Failed), "failed"),
+                ("m".into(), None, "metrics-only"),
+            ]
+        );
+        let mut live: Vec<(String, RunState)> =
+            store.live_runs().unwrap().into_iter().map(|r| (r.run_id, r.state)).collect();
+        live.sort_by(|x, y| x.0.cmp(&y.0));
+        assert_eq!(live, [("a".into(), RunState::Rendezvous), ("b".into(), RunState::Running)]);
+        store.upsert_run("c", RunState::Running, 2, 2).unwrap();
+        let stored: String =
+            store.lock().query_row("SELECT state FROM runs WHERE run_id = 'c'", [], |r| r.get(0)).unwrap();
+        assert_eq!(stored, "running", "written as its word");
+
+        put_run_row(&store, "bad", "paused");
+        let err = store.runs().unwrap_err().to_string();
+        assert!(err.contains("\"paused\" is not a run state"), "{err}");
     }
 }

@@ -90,7 +90,10 @@ async fn stored_states(c: &mut Clients, prefix: &str) -> Vec<(String, String, i3
     let mut states: Vec<_> = runs
         .into_iter()
         .filter(|r| r.run_id.starts_with(prefix))
-        .map(|r| (r.run_id, r.state, r.joined))
+        .map(|r| {
+            let state = r.state().to_string();
+            (r.run_id, state, r.joined)
+        })
         .collect();
     states.sort();
     states
@@ -450,7 +453,7 @@ async fn metrics_from_four_ranks_aggregate_as_sent_and_watchers_follow() {
     assert_eq!((p.step, p.value, p.rank), (99.0, 7.0, 2));
     let runs = c.metrics.list_runs(ListRunsRequest {}).await.unwrap().into_inner().runs;
     let m4 = runs.iter().find(|r| r.run_id == "m4").expect("run listed");
-    assert_eq!((m4.state.as_str(), m4.points), ("metrics-only", 81));
+    assert_eq!((m4.state().word(), m4.points), ("metrics-only", 81));
     // Shutting down with a watcher still connected ends its stream.
     f.server.shutdown().await;
     let end = tokio::time::timeout(Duration::from_secs(10), watch.message()).await.expect("the stream ends");

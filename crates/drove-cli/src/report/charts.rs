@@ -485,7 +485,7 @@ mod tests {
     fn run(points: Vec<Point>) -> RunData {
         RunData {
             run_id: "r".into(),
-            state: "finished".into(),
+            state: drove_proto::v1::RunState::Finished,
             world_size: 2,
             joined: 2,
             restarts: 0,

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
 use drove_coordinator::store::{self, EventRow, Filter, Store};
-use drove_proto::v1::{Aggregation, ListRunsRequest, QueryPoint, QueryRequest, RunEvent, RunInfo};
-use serde::Serialize;
+use drove_proto::v1::{Aggregation, ListRunsRequest, QueryPoint, QueryRequest, RunEvent, RunInfo, RunState};
+use serde::{Serialize, Serializer};
 
 use super::Source;
 use crate::control::{connect, runtime, status_error};
@@ -39,13 +39,20 @@ pub struct Point {
     pub value: f64,
 }
 
+/// A state as its word (`running`, ...), as people read it.
+fn state_word<S: Serializer>(state: &RunState, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(state.word())
+}
+
 /// A run and its points.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunData {
     /// The run.
     pub run_id: String,
-    /// `rendezvous`, `running`, `finished`, `failed` or `metrics-only`.
-    pub state: String,
+    /// Rendezvous, running, finished, failed or metrics-only (in
+    /// `report.json`, as its word).
+    #[serde(serialize_with = "state_word")]
+    pub state: RunState,
     /// Expected workers (0 if unknown).
     pub world_size: i32,
     /// Workers joined.
@@ -141,7 +148,7 @@ fn from_store(dir: &Path, wanted: Option<&str>) -> anyhow::Result<RunData> {
     let points = store.points(&filter, false).map_err(|e| anyhow!("reading {at}: {e}"))?;
     Ok(RunData {
         run_id: r.run_id.clone(),
-        state: r.state.clone(),
+        state: r.listed_state(),
         world_size: r.world_size,
         joined: r.joined,
         restarts: r.restarts,
@@ -171,8 +178,8 @@ async fn from_coordinator(addr: &str, token: Option<&str>, wanted: Option<&str>)
         .into_inner()
         .points;
     Ok(RunData {
+        state: info.state(),
         run_id: info.run_id,
-        state: info.state,
         world_size: info.world_size,
         joined: info.joined,
         restarts: info.restarts,

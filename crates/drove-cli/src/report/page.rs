@@ -4,6 +4,8 @@
 
 use std::fmt::Write as _;
 
+use drove_proto::v1::RunState;
+
 use super::Verdict;
 use super::charts::Chart;
 use super::data::RunData;
@@ -106,10 +108,10 @@ pub fn html(
 }
 
 fn header(h: &mut String, run: &RunData, generated_ms: i64) {
-    let state = if run.state == "running" || run.state == "rendezvous" {
-        format!("<span class=\"live\">{}</span> (the points so far)", escape(&run.state))
+    let state = if matches!(run.state, RunState::Running | RunState::Rendezvous) {
+        format!("<span class=\"live\">{}</span> (the points so far)", escape(run.state.word()))
     } else {
-        escape(&run.state)
+        escape(run.state.word())
     };
     let rows = [
         ("state", state),
