@@ -8,6 +8,12 @@
 //!
 //! Alone (no launcher) it trains as a world of one. Every step's global batch
 //! is `--rows` x ranks x `--passes` samples; each rank takes its own rows.
+//!
+//! `drove_launch::Launched` gives it what `drove train ner` has under
+//! `drove run`: the communicator, the loss recorded on the coordinator (so
+//! `drove runs` lists the run and `drove report` draws it), rank 0's progress
+//! on the launcher's bar, and, with `--checkpoint DIR`, a resume from the
+//! latest checkpoint when `drove run --max-restarts N` restarts the world.
 use std::path::PathBuf;
 
 use burn::backend::{Autodiff, Flex};
@@ -16,9 +22,9 @@ use burn::nn::loss::{MseLoss, Reduction};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use clap::Parser;
-use drove_comm::{Collective, Communicator, SingleProcess};
+use drove_launch::{Launched, Progress, Start};
 use drove_seed::{Purpose, SampleStreams, StreamKey};
-use drove_train::{Placement, Replica, ReplicaOptions};
+use drove_train::{Placement, Replica, ReplicaOptions, checkpoint};
 use rand_core::Rng;
 
 type B = Autodiff<Flex>;
@@ -67,16 +73,34 @@ struct Args {
     /// Write the final checkpoint under this folder.
     #[arg(long)]
     save: Option<PathBuf>,
+    /// Checkpoint every --checkpoint-every steps under this folder, and resume
+    /// from its latest when the launcher restarts the world.
+    #[arg(long, value_name = "DIR")]
+    checkpoint: Option<PathBuf>,
+    /// Steps between checkpoints.
+    #[arg(long, default_value_t = 10)]
+    checkpoint_every: u64,
+    /// Make rank --rank-to-fail kill itself with SIGKILL after step N, in the
+    /// first attempt only (a test of restarts).
+    #[arg(long, value_name = "N")]
+    fail_at_step: Option<u64>,
+    /// The rank --fail-at-step kills.
+    #[arg(long, default_value_t = 0)]
+    rank_to_fail: usize,
+}
+
+/// Where the loop stands, saved with each checkpoint.
+#[derive(serde::Serialize)]
+struct LoopState {
+    steps: u64,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Under `drove run` the ranks find each other through its coordinator.
-    let comm: Box<dyn Collective> = match std::env::var_os("DROVE_COORDINATOR") {
-        Some(_) => Box::new(Communicator::from_env()?),
-        None => Box::new(SingleProcess),
-    };
-    let (rank, world, device) = (comm.rank(), comm.world_size(), Default::default());
+    // Under `drove run` the ranks find each other through its coordinator;
+    // alone, a world of one without metrics.
+    let launched = Launched::join()?;
+    let (rank, world, device) = (launched.rank(), launched.world_size(), Default::default());
     B::seed(&device, StreamKey::init(42).derive().words()[0]); // the same initial weights everywhere
     let model = Mlp::<B> {
         hidden: LinearConfig::new(FEATURES, 32).init(&device),
@@ -90,9 +114,20 @@ fn main() -> anyhow::Result<()> {
         ..ReplicaOptions::default()
     };
     // Starts every rank from rank 0's parameters.
-    let mut replica = Replica::new(model, comm.as_ref(), options, &device)?;
+    let mut replica = Replica::new(model, launched.comm(), options, &device)?;
+    if let Some(root) = &args.checkpoint
+        && launched.start(&root.join("latest")) == Start::Resume
+        && let Some(dir) = checkpoint::latest(root)?
+    {
+        replica.load(&dir)?;
+        if rank == 0 {
+            println!("resumed from {} at step {}", dir.display(), replica.steps());
+        }
+    }
+    let total = args.steps as u64;
     let mut loss = f64::NAN;
-    for step in 0..args.steps {
+    while replica.steps() < total {
+        let step = replica.steps() as usize;
         for pass in 0..args.passes {
             let first = ((step * args.passes + pass) * world + rank) * args.rows;
             let batch: Vec<_> = (first..first + args.rows).map(sample).collect();
@@ -106,15 +141,35 @@ fn main() -> anyhow::Result<()> {
             })?;
             loss = outcome.global_loss.unwrap_or(loss);
         }
-        if rank == 0 && step % 50 == 0 {
+        let done = replica.steps();
+        launched.record(done, "loss", loss);
+        let shown = launched.progress(&Progress { loss: Some(loss), ..Progress::at(done, total) });
+        if rank == 0 && !shown && step.is_multiple_of(50) {
             println!("step {step}: loss {loss:.5}");
+        }
+        if let Some(root) = &args.checkpoint
+            && done.is_multiple_of(args.checkpoint_every.max(1))
+        {
+            replica.save(root, &LoopState { steps: done }, &[], 2)?;
+        }
+        if args.fail_at_step == Some(done) && rank == args.rank_to_fail && !launched.env().restarted() {
+            eprintln!("rank {rank}: killing itself with SIGKILL after step {done} (--fail-at-step)");
+            launched.flush(std::time::Duration::from_secs(30))?;
+            // SAFETY: kill(2) on this process.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
     }
     if rank == 0 {
         println!("final loss {loss:.5} after {} steps on {world} rank(s)", args.steps);
     }
     if let Some(dir) = &args.save {
-        replica.save(dir, &serde_json::json!({ "steps": args.steps }), &[], 1)?;
+        replica.save(dir, &LoopState { steps: total }, &[], 1)?;
+    }
+    drop(replica);
+    if let Some(delivery) = launched.finish()
+        && delivery.undelivered() > 0
+    {
+        eprintln!("warning: rank {rank}: {delivery}");
     }
     Ok(())
 }

@@ -64,11 +64,11 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         println!("pid {}", std::process::id());
     }
     // A launcher that assigns ranks says which this is before anyone joins.
-    let launcher_rank = std::env::var("DROVE_RANK").ok().and_then(|r| r.parse::<usize>().ok());
+    let launch = drove_launch::LaunchEnv::from_env()?;
     if let Some(code) = args.fail_with
-        && launcher_rank == Some(args.rank_to_fail)
+        && launch.rank == Some(args.rank_to_fail)
     {
-        if std::env::var_os("DROVE_COORDINATOR").is_some() {
+        if launch.rendezvous == drove_launch::RendezvousKind::Coordinator {
             join_without_listening()?;
         }
         return Ok(fail(code, args.rank_to_fail));

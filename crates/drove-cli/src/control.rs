@@ -7,11 +7,9 @@ use std::io::Write as _;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
-use drove_proto::client::{Clients, Token};
+use drove_proto::client::Clients;
 use drove_proto::v1::{Aggregation, ListRunsRequest, MetricPoint, QueryRequest, WatchRequest};
 use serde_json::json;
-use tonic::Code;
-use tonic::service::interceptor::InterceptedService;
 
 /// A multi-threaded tokio runtime with I/O and timers.
 pub(crate) fn runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
@@ -25,48 +23,13 @@ pub(crate) fn runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
 /// Connects to the coordinator at `addr` (`host:port` or a URL), with `token`
 /// (if any) on every call. The error names the address and the cause.
 pub(crate) async fn connect(addr: &str, token: Option<&str>) -> anyhow::Result<Clients> {
-    let endpoint = drove_proto::client::endpoint(addr).map_err(|e| {
-        anyhow::anyhow!("{addr:?} is not a usable coordinator address (host:port, http:// or https://): {e}")
-    })?;
-    let channel = endpoint.connect().await.map_err(|e| unreachable(addr, &e))?;
-    let token = Token::new(token).context("the token cannot be sent in an HTTP header")?;
-    Ok(Clients::new(InterceptedService::new(channel, token)))
-}
-
-/// "cannot connect": the causes, without tonic's generic "transport error" and
-/// repeated layers.
-fn unreachable(addr: &str, e: &tonic::transport::Error) -> anyhow::Error {
-    let mut causes: Vec<String> = Vec::new();
-    let mut cause: Option<&dyn std::error::Error> = Some(e);
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if text != "transport error" && causes.last() != Some(&text) {
-            causes.push(text);
-        }
-        cause = c.source();
-    }
-    anyhow!("cannot connect to the coordinator at {addr}: {}", causes.join(": "))
+    Ok(drove_launch::connect(addr, token).await?)
 }
 
 /// A gRPC status as a one-line error naming its code, e.g.
 /// `the coordinator refused the call (Unauthenticated): the bearer token is wrong`.
 pub(crate) fn status_error(status: tonic::Status) -> anyhow::Error {
-    let code = status.code();
-    let what = match code {
-        Code::InvalidArgument
-        | Code::NotFound
-        | Code::AlreadyExists
-        | Code::PermissionDenied
-        | Code::FailedPrecondition
-        | Code::OutOfRange
-        | Code::Unimplemented
-        | Code::Unauthenticated => "the coordinator refused the call",
-        _ => "the call to the coordinator failed",
-    };
-    match status.message() {
-        "" => anyhow!("{what} ({code:?})"),
-        message => anyhow!("{what} ({code:?}): {message}"),
-    }
+    anyhow!(drove_launch::status_message(&status))
 }
 
 /// Which coordinator to talk to, and how.
@@ -511,10 +474,7 @@ pub fn health(args: &HealthArgs) -> anyhow::Result<()> {
     let rt = runtime("drove-health")?;
     let status = rt.block_on(async {
         let check = async {
-            let endpoint = drove_proto::client::endpoint(&addr).map_err(|e| {
-                anyhow!("{addr:?} is not a usable coordinator address (host:port, http:// or https://): {e}")
-            })?;
-            let channel = endpoint.connect().await.map_err(|e| unreachable(&addr, &e))?;
+            let channel = drove_launch::connect_channel(&addr).await?;
             let reply = HealthClient::new(channel)
                 .check(HealthCheckRequest { service: args.service.clone() })
                 .await

@@ -157,7 +157,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 pub fn bench_nccl(args: &NcclBenchArgs) -> anyhow::Result<ExitCode> {
     #[cfg(feature = "nccl")]
     {
-        let mesh = crate::train::communicator()?;
+        let mesh = drove_launch::LaunchEnv::from_env()?.communicator()?;
         let (report, passed) = if args.buckets {
             let report = nccl_bench::in_place(args, mesh.as_ref())?;
             let passed = report.passed;

@@ -197,7 +197,7 @@ fn main() -> ExitCode {
     // The coordinator logs its calls, and `drove run` what it does with the ranks.
     init_tracing(match cli.command {
         Command::Coordinator(_) => "info",
-        Command::Run(_) => "warn,drove::launch=info,drove_coordinator=error",
+        Command::Run(_) => "warn,drove_launch=info,drove_coordinator=error",
         _ => "warn",
     });
     match run(cli) {

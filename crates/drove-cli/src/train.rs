@@ -15,8 +15,9 @@ use anyhow::{Context, anyhow};
 use burn::backend::{Autodiff, Flex};
 use clap::Args;
 use drove_collate::MaskSeeding;
-use drove_comm::{Collective, Communicator, SingleProcess};
-use drove_metrics::{MetricsRecorder, RecorderOptions};
+use drove_comm::SingleProcess;
+use drove_launch::{LaunchEnv, Progress, ProgressMode, Start};
+use drove_metrics::MetricsRecorder;
 use drove_ner::{
     DiagnoseReport, EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner,
 };
@@ -180,7 +181,8 @@ impl NerArgs {
             seed: self.seed,
             diagnose_every: self.diagnose_every.unwrap_or(0),
             on_identical_masks: self.on_identical_masks,
-            timeline: self.timeline.clone().or_else(|| std::env::var_os("DROVE_TIMELINE").map(PathBuf::from)),
+            // DROVE_TIMELINE, from the launch environment, when the flag is not given.
+            timeline: self.timeline.clone(),
             diagnose_parameter: self.diagnose_parameter.clone(),
             max_train_sentences: self.max_train_sentences,
             max_eval_sentences: self.max_eval_sentences,
@@ -252,11 +254,7 @@ impl Reporter {
 impl Observer for Reporter {
     fn started(&mut self, done: u64, total: u64) {
         if self.rank == 0 && self.to_launcher {
-            eprintln!(
-                "{}{}",
-                crate::launch::PROGRESS_PREFIX,
-                serde_json::json!({"step": done, "total": total})
-            );
+            Progress::at(done, total).send();
         } else if self.rank == 0 && std::io::stderr().is_terminal() {
             let bar = ProgressBar::new(total).with_position(done);
             bar.set_style(
@@ -293,11 +291,14 @@ impl Observer for Reporter {
             return;
         }
         if self.to_launcher {
-            let progress = serde_json::json!({
-                "step": r.step, "total": r.total_steps, "epoch": r.epoch, "loss": r.loss,
-                "sentences_per_s": r.sentences_per_s,
-            });
-            eprintln!("{}{progress}", crate::launch::PROGRESS_PREFIX);
+            let progress = Progress {
+                epoch: Some(r.epoch as u64),
+                loss: Some(r.loss),
+                samples_per_s: Some(r.sentences_per_s),
+                unit: Some("sent".into()),
+                ..Progress::at(r.step, r.total_steps)
+            };
+            progress.send();
             return;
         }
         let msg =
@@ -399,21 +400,6 @@ fn print_summary(summary: &NerSummary, json_out: bool) {
     );
 }
 
-fn under_launcher() -> bool {
-    ["DROVE_COORDINATOR", "DROVE_RENDEZVOUS_DIR", "DROVE_PEERS", "DROVE_PEERS_FILE"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-}
-
-/// The ranks a launcher started this process among, or a world of one.
-pub fn communicator() -> anyhow::Result<Box<dyn Collective>> {
-    Ok(if under_launcher() {
-        Box::new(Communicator::from_env().context("joining the other ranks")?)
-    } else {
-        Box::new(SingleProcess)
-    })
-}
-
 /// Steps between diagnostics when the alarm is on by default.
 const DEFAULT_DIAGNOSE_EVERY: usize = 50;
 
@@ -448,41 +434,26 @@ fn record_options(reporter: &Reporter, opts: &NerOptions, world_size: usize, res
     }
 }
 
-/// `DROVE_RESTART_COUNT`: how many times `drove run` has restarted the world (0 if unset).
-fn restart_count() -> anyhow::Result<u32> {
-    match std::env::var("DROVE_RESTART_COUNT") {
-        Ok(v) => v.trim().parse().map_err(|_| anyhow!("DROVE_RESTART_COUNT={v:?} is not a whole number")),
-        Err(_) => Ok(0),
-    }
-}
-
 pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     let mut opts = args.options();
+    let launch = LaunchEnv::from_env()?;
+    if opts.timeline.is_none() {
+        opts.timeline.clone_from(&launch.timeline);
+    }
     // Restarted by `drove run --max-restarts`: go on from the latest checkpoint.
-    let restart = restart_count()?;
-    if restart > 0 && args.out.join("checkpoints").join("latest").exists() {
+    let restart = launch.restart_count;
+    if launch.start(&args.out.join("checkpoints").join("latest")) == Start::Resume {
         opts.resume = true;
     }
     // Before joining the other ranks: a missing GPU fails at once.
     let gpu = gpu::open(args.device)?;
-    let comm = communicator()?;
+    let comm = launch.communicator()?;
     let rank = comm.rank();
     // The diversity alarm is on by default wherever it can go off.
     if args.diagnose_every.is_none() && args.augment_mask > 0.0 && comm.world_size() > 1 {
         opts.diagnose_every = DEFAULT_DIAGNOSE_EVERY;
     }
-    let metrics = match std::env::var("DROVE_COORDINATOR") {
-        Ok(addr) => {
-            let run_id = std::env::var("DROVE_RUN_ID").unwrap_or_else(|_| "train".into());
-            let token = std::env::var("DROVE_TOKEN").ok();
-            let options = RecorderOptions::from_env().context("the metrics settings")?;
-            Some(
-                MetricsRecorder::new(&addr, token.as_deref(), &run_id, rank, options)
-                    .context("starting the metrics recorder")?,
-            )
-        }
-        Err(_) => None,
-    };
+    let metrics = launch.metrics(rank)?;
     let mut reporter = Reporter {
         rank,
         bar: None,
@@ -491,7 +462,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         started: Instant::now(),
         // A failure to test restarts with happens in the first attempt only.
         fail_at: args.fail_at_step.filter(|_| restart == 0).map(|s| (s, args.rank_to_fail)),
-        to_launcher: std::env::var("DROVE_PROGRESS").is_ok_and(|v| v == "launcher"),
+        to_launcher: launch.progress == ProgressMode::Launcher,
     };
     if rank == 0 {
         record_options(&reporter, &opts, comm.world_size(), restart);

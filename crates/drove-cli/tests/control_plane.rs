@@ -153,7 +153,7 @@ fn a_failing_rank_stops_the_others_and_sets_the_exit_code() {
         Command::new(DROVE)
             .args(["run", "--np", "3", "--stop-grace-secs", "2", "--", DROVE, "check", "--print-pid"])
             .args(["--fail-with", "3", "--rank-to-fail", "1"])
-            .env("RUST_LOG", "drove::launch=debug"),
+            .env("RUST_LOG", "drove_launch=debug"),
     );
     let (status, out, err) = proc.finish(Duration::from_secs(30));
     assert_eq!(status.code(), Some(3), "{status}\n{err}");

@@ -2,7 +2,10 @@
 //! synthetic regression set through `drove_train::Replica`) as the README runs
 //! it, under `drove run --np 2`; and its distributed step checked against one
 //! process: 2 processes x 8 rows = 1 x 16 = 2 backward passes x 8, in both
-//! placements, and the placements agree.
+//! placements, and the placements agree; and, through `drove_launch`, under
+//! `drove run --np 2 --max-restarts 1` with a rank killed once: the world
+//! restarts, resumes from the latest checkpoint, and its metrics, report and
+//! progress lines cover the whole run.
 
 mod common;
 
@@ -10,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::{read_latest, relative_difference, run, text, under_run};
+use common::{DROVE, read_latest, relative_difference, run, text, under_run};
+use drove_coordinator::store::{Agg, Filter, Store};
+use drove_launch::Progress;
 
 /// The example's binary, built once per test process.
 ///
@@ -123,4 +128,102 @@ fn two_processes_of_8_equal_one_of_16_and_two_passes_of_8_in_both_placements() {
     let moved = relative_difference(&alone[0], &read_latest(Path::new(&short)));
     eprintln!("host vs backend {d:e}; the fifth step moved the parameters by {moved:e}");
     assert!(moved > 1e-5, "the last step moved the parameters by only {moved}: the bound would not tell");
+}
+
+/// Rank 0's progress lines in `stderr` (relayed by `drove run` as `[0] drove-progress {...}`).
+fn progress_of_rank_0(stderr: &str) -> Vec<Progress> {
+    stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("[0] "))
+        .filter_map(|l| Progress::parse_line(l.as_bytes()))
+        .collect()
+}
+
+#[test]
+fn a_killed_rank_restarts_the_world_which_resumes_with_metrics_report_and_progress() {
+    const STEPS: u64 = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, ckpt, report) =
+        (dir.path().join("store"), dir.path().join("ckpt"), dir.path().join("report"));
+    let ckpt_arg = ckpt.to_string_lossy().into_owned();
+    let inner = own_model(&[
+        "--steps",
+        "40",
+        "--checkpoint",
+        &ckpt_arg,
+        "--checkpoint-every",
+        "10",
+        "--fail-at-step",
+        "25",
+        "--rank-to-fail",
+        "1",
+    ]);
+    let mut cmd = Command::new(DROVE);
+    cmd.args(["run", "--np", "2", "--max-restarts", "1", "--run-id", "own", "--store"])
+        .arg(&store)
+        .arg("--")
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        // As `drove run` sets it on a terminal, where its bar draws these lines.
+        .env("DROVE_PROGRESS", "launcher")
+        .env("RUST_LOG", "warn");
+    let out = run(&mut cmd);
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("rank 1: killing itself") && log.contains("restarting every rank (1 of 1)"),
+        "{log}"
+    );
+    assert!(log.contains("resumed from") && log.contains("at step 20"), "{log}");
+
+    // Progress: the first attempt up to the kill, the second from the
+    // checkpoint at step 20 to the end; every line with the run's length and a loss.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let progress = progress_of_rank_0(&stderr);
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("[1] drove-progress")),
+        "only rank 0 sends progress: {log}"
+    );
+    let restart =
+        progress.windows(2).position(|w| w[1].step <= w[0].step).expect("a restart in the progress") + 1;
+    let steps = |ps: &[Progress]| ps.iter().map(|p| p.step).collect::<Vec<_>>();
+    assert_eq!(steps(&progress[..restart])[0], 1, "{progress:?}");
+    assert!(progress[restart - 1].step >= 25, "the first attempt reached the kill: {progress:?}");
+    assert_eq!(steps(&progress[restart..]), (21..=STEPS).collect::<Vec<_>>(), "{progress:?}");
+    assert!(progress.iter().all(|p| p.total == STEPS && p.loss.is_some_and(f64::is_finite)), "{progress:?}");
+
+    // Metrics: both ranks recorded the loss at every step (a redone step's
+    // point replaces the first attempt's).
+    let stored = Store::open(&store).unwrap();
+    let f = Filter { run_id: "own".into(), name: Some("loss".into()), ..Filter::default() };
+    let counts = stored.aggregate(&f, Agg::Count).unwrap();
+    assert_eq!(
+        counts.iter().map(|r| r.step).collect::<Vec<_>>(),
+        (1..=STEPS).map(|s| s as f64).collect::<Vec<_>>()
+    );
+    assert!(counts.iter().all(|r| r.value == 2.0), "both ranks at every step: {counts:?}");
+    drop(stored);
+
+    // `drove runs` lists it finished after one restart; `drove report` draws its loss.
+    let out = run(Command::new(DROVE).args(["runs", "--json", "--store"]).arg(&store));
+    assert!(out.status.success(), "{}", text(&out));
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &runs["runs"][0];
+    assert_eq!(
+        (r["run_id"].as_str(), r["state"].as_str(), r["restarts"].as_u64()),
+        (Some("own"), Some("finished"), Some(1)),
+        "{runs}"
+    );
+    let out = run(Command::new(DROVE)
+        .arg("report")
+        .arg("--store")
+        .arg(&store)
+        .args(["--run", "own", "--out"])
+        .arg(&report));
+    assert!(out.status.success(), "{}", text(&out));
+    let page: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report.join("report.json")).unwrap()).unwrap();
+    let loss = page["charts"].as_array().unwrap().iter().find(|c| c["id"] == "loss").expect("a loss chart");
+    let x = loss["series"][0]["x"].as_array().expect("the loss chart's steps");
+    assert_eq!(x.len() as u64, STEPS, "{loss}");
 }

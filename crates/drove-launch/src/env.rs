@@ -1,0 +1,271 @@
+//! The launch environment: every variable a launcher (`drove run`, a
+//! Kubernetes Indexed Job, a script) hands a rank, read once into a type.
+//!
+//! The names are constants in [`var`], so the launcher that writes them and the
+//! rank that reads them cannot drift apart. A malformed value is an error
+//! naming the variable and what it holds; a missing one is `None` where the
+//! contract allows it (a process started by hand is a world of one).
+
+use std::path::PathBuf;
+
+use crate::error::EnvError;
+use crate::progress::ProgressMode;
+
+/// The variables' names.
+pub mod var {
+    /// This rank's place in the world, `0..DROVE_WORLD_SIZE`.
+    pub const RANK: &str = "DROVE_RANK";
+    /// The number of ranks in the world.
+    pub const WORLD_SIZE: &str = "DROVE_WORLD_SIZE";
+    /// This rank's place among the ranks on its host (picks its GPU).
+    pub const LOCAL_RANK: &str = "DROVE_LOCAL_RANK";
+    /// The number of ranks on this host.
+    pub const LOCAL_WORLD_SIZE: &str = "DROVE_LOCAL_WORLD_SIZE";
+    /// A Kubernetes Indexed Job's pod index: the rank when `DROVE_RANK` is unset.
+    pub const JOB_COMPLETION_INDEX: &str = "JOB_COMPLETION_INDEX";
+    /// The run the ranks join on the coordinator.
+    pub const RUN_ID: &str = "DROVE_RUN_ID";
+    /// The coordinator, `host:port` or a URL.
+    pub const COORDINATOR: &str = "DROVE_COORDINATOR";
+    /// The coordinator's bearer token.
+    pub const TOKEN: &str = "DROVE_TOKEN";
+    /// How many times the launcher has restarted the world (0 in the first attempt).
+    pub const RESTART_COUNT: &str = "DROVE_RESTART_COUNT";
+    /// `launcher`: the launcher draws the progress bar from rank 0's progress lines.
+    pub const PROGRESS: &str = "DROVE_PROGRESS";
+    /// A shared folder to rendezvous in, instead of a coordinator.
+    pub const RENDEZVOUS_DIR: &str = "DROVE_RENDEZVOUS_DIR";
+    /// Every rank's `host:port`, comma-separated, instead of a coordinator.
+    pub const PEERS: &str = "DROVE_PEERS";
+    /// A file of every rank's `host:port`, one a line, instead of a coordinator.
+    pub const PEERS_FILE: &str = "DROVE_PEERS_FILE";
+    /// Where to write the run's timeline (Chrome trace-event JSON).
+    pub const TIMELINE: &str = "DROVE_TIMELINE";
+}
+
+/// How the ranks find each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RendezvousKind {
+    /// No launcher: a world of one.
+    Alone,
+    /// Through the coordinator at `DROVE_COORDINATOR`.
+    Coordinator,
+    /// Through files in `DROVE_RENDEZVOUS_DIR`.
+    Directory,
+    /// From a fixed list, `DROVE_PEERS` or `DROVE_PEERS_FILE`.
+    Peers,
+}
+
+/// What a launcher told this process, read and checked once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaunchEnv {
+    /// `DROVE_RANK` (or `JOB_COMPLETION_INDEX`); `None`: any free rank, or alone.
+    pub rank: Option<usize>,
+    /// `DROVE_WORLD_SIZE`; `None` when alone.
+    pub world_size: Option<usize>,
+    /// `DROVE_LOCAL_RANK` (0 if unset).
+    pub local_rank: usize,
+    /// `DROVE_LOCAL_WORLD_SIZE`, if set.
+    pub local_world_size: Option<usize>,
+    /// `DROVE_RUN_ID`, if set.
+    pub run_id: Option<String>,
+    /// `DROVE_COORDINATOR`, if set.
+    pub coordinator: Option<String>,
+    /// `DROVE_TOKEN`, if set and not empty.
+    pub token: Option<String>,
+    /// `DROVE_RESTART_COUNT` (0 if unset).
+    pub restart_count: u32,
+    /// `DROVE_PROGRESS`: who shows rank 0's progress.
+    pub progress: ProgressMode,
+    /// `DROVE_TIMELINE`, if set.
+    pub timeline: Option<PathBuf>,
+    /// How the ranks find each other.
+    pub rendezvous: RendezvousKind,
+}
+
+impl LaunchEnv {
+    /// Reads this process's environment.
+    pub fn from_env() -> Result<Self, EnvError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the variables through `lookup` (a map in tests, the process
+    /// environment in [`from_env`](Self::from_env)).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
+        let read = Reader(&lookup);
+        let rendezvous = read.rendezvous();
+        let (world_size, rank) = match rendezvous {
+            RendezvousKind::Alone => (read.number(var::WORLD_SIZE)?, read.rank()?),
+            _ => {
+                let (world, rank) =
+                    drove_comm::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?;
+                (Some(world), rank)
+            }
+        };
+        Ok(LaunchEnv {
+            rank,
+            world_size,
+            local_rank: read.number(var::LOCAL_RANK)?.unwrap_or(0),
+            local_world_size: read.number(var::LOCAL_WORLD_SIZE)?,
+            run_id: read.text(var::RUN_ID),
+            coordinator: read.text(var::COORDINATOR),
+            token: read.text(var::TOKEN),
+            restart_count: read.number(var::RESTART_COUNT)?.unwrap_or(0),
+            progress: read.progress()?,
+            timeline: read.text(var::TIMELINE).map(PathBuf::from),
+            rendezvous,
+        })
+    }
+
+    /// Whether a launcher started this process among others (any rendezvous is set).
+    pub fn under_launcher(&self) -> bool {
+        self.rendezvous != RendezvousKind::Alone
+    }
+
+    /// Whether this is a restart of the world (`DROVE_RESTART_COUNT` above 0).
+    pub fn restarted(&self) -> bool {
+        self.restart_count > 0
+    }
+}
+
+/// Reads and parses single variables, naming the variable in every error.
+struct Reader<'a, F: Fn(&str) -> Option<String>>(&'a F);
+
+impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
+    /// A variable's value, `None` if unset or blank.
+    fn text(&self, name: &'static str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.trim().is_empty())
+    }
+
+    fn number<T: std::str::FromStr>(&self, name: &'static str) -> Result<Option<T>, EnvError> {
+        self.text(name)
+            .map(|v| {
+                v.trim().parse().map_err(|_| EnvError::Malformed {
+                    var: name,
+                    value: v,
+                    expected: "a whole number",
+                })
+            })
+            .transpose()
+    }
+
+    /// Alone, the rank may still be set (a world of one given its rank 0).
+    fn rank(&self) -> Result<Option<usize>, EnvError> {
+        Ok(self.number(var::RANK)?.or(self.number(var::JOB_COMPLETION_INDEX)?))
+    }
+
+    fn rendezvous(&self) -> RendezvousKind {
+        if self.text(var::COORDINATOR).is_some() {
+            RendezvousKind::Coordinator
+        } else if self.text(var::RENDEZVOUS_DIR).is_some() {
+            RendezvousKind::Directory
+        } else if self.text(var::PEERS).is_some() || self.text(var::PEERS_FILE).is_some() {
+            RendezvousKind::Peers
+        } else {
+            RendezvousKind::Alone
+        }
+    }
+
+    fn progress(&self) -> Result<ProgressMode, EnvError> {
+        match self.text(var::PROGRESS) {
+            None => Ok(ProgressMode::Rank),
+            Some(v) => v.trim().parse().map_err(|()| EnvError::Malformed {
+                var: var::PROGRESS,
+                value: v,
+                expected: "`launcher` (or unset)",
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Result<LaunchEnv, EnvError> {
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        LaunchEnv::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn nothing_set_is_a_world_of_one_in_its_first_attempt() {
+        let e = env(&[]).unwrap();
+        assert_eq!(e.rendezvous, RendezvousKind::Alone);
+        assert!(!e.under_launcher() && !e.restarted());
+        assert_eq!((e.rank, e.world_size, e.local_rank, e.restart_count), (None, None, 0, 0));
+        assert_eq!(e.progress, ProgressMode::Rank);
+    }
+
+    #[test]
+    fn drove_run_s_variables_are_read_into_their_fields() {
+        let e = env(&[
+            (var::COORDINATOR, "127.0.0.1:7000"),
+            (var::RUN_ID, "r1"),
+            (var::RANK, "1"),
+            (var::WORLD_SIZE, "2"),
+            (var::LOCAL_RANK, "1"),
+            (var::LOCAL_WORLD_SIZE, "2"),
+            (var::TOKEN, "secret"),
+            (var::RESTART_COUNT, "3"),
+            (var::PROGRESS, "launcher"),
+            (var::TIMELINE, "/tmp/t.json"),
+        ])
+        .unwrap();
+        assert_eq!(e.rendezvous, RendezvousKind::Coordinator);
+        assert_eq!((e.rank, e.world_size, e.local_rank, e.local_world_size), (Some(1), Some(2), 1, Some(2)));
+        assert_eq!(e.coordinator.as_deref(), Some("127.0.0.1:7000"));
+        assert_eq!((e.run_id.as_deref(), e.token.as_deref()), (Some("r1"), Some("secret")));
+        assert!(e.restarted() && e.restart_count == 3);
+        assert_eq!(e.progress, ProgressMode::Launcher);
+        assert_eq!(e.timeline, Some(PathBuf::from("/tmp/t.json")));
+    }
+
+    #[test]
+    fn an_indexed_job_s_index_is_the_rank() {
+        let e = env(&[(var::COORDINATOR, "c:1"), (var::WORLD_SIZE, "4"), (var::JOB_COMPLETION_INDEX, "3")])
+            .unwrap();
+        assert_eq!((e.rank, e.world_size), (Some(3), Some(4)));
+    }
+
+    #[test]
+    fn each_malformed_value_is_named_with_what_it_holds() {
+        let bad = |vars: &[(&str, &str)], name: &str| {
+            let e = env(vars).unwrap_err().to_string();
+            assert!(e.contains(name), "{e}");
+        };
+        bad(&[(var::RESTART_COUNT, "two")], "DROVE_RESTART_COUNT=\"two\"");
+        bad(&[(var::LOCAL_RANK, "-1")], "DROVE_LOCAL_RANK=\"-1\"");
+        bad(&[(var::PROGRESS, "bar")], "DROVE_PROGRESS=\"bar\"");
+        bad(&[(var::COORDINATOR, "c:1")], "DROVE_WORLD_SIZE");
+        bad(&[(var::COORDINATOR, "c:1"), (var::WORLD_SIZE, "2"), (var::RANK, "2")], "DROVE_RANK=2");
+        bad(
+            &[
+                (var::COORDINATOR, "c:1"),
+                (var::WORLD_SIZE, "2"),
+                (var::RANK, "0"),
+                (var::JOB_COMPLETION_INDEX, "1"),
+            ],
+            "disagree",
+        );
+    }
+
+    #[test]
+    fn the_rendezvous_is_the_first_one_set() {
+        assert_eq!(
+            env(&[(var::RENDEZVOUS_DIR, "/d"), (var::WORLD_SIZE, "1")]).unwrap().rendezvous,
+            RendezvousKind::Directory
+        );
+        assert_eq!(
+            env(&[(var::PEERS, "a:1"), (var::WORLD_SIZE, "1")]).unwrap().rendezvous,
+            RendezvousKind::Peers
+        );
+        assert_eq!(
+            env(&[(var::COORDINATOR, "c:1"), (var::PEERS, "a:1"), (var::WORLD_SIZE, "1")])
+                .unwrap()
+                .rendezvous,
+            RendezvousKind::Coordinator
+        );
+    }
+}

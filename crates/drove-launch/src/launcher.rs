@@ -1,0 +1,255 @@
+//! The launcher: a [`LaunchSpec`] in, a [`LaunchOutcome`] out. `drove run` is
+//! a thin call of [`launch`]; so can any binary be.
+
+use std::ffi::OsString;
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use drove_proto::client::Clients;
+
+use crate::console::Console;
+use crate::coordinator::{
+    CoordinatorChoice, LaunchCoordinator, check_run_is_free, connect, leave_all, watch_run,
+};
+use crate::env::var;
+use crate::error::LaunchError;
+use crate::exit::signal_exit_code;
+use crate::restart::{Next, RestartPolicy};
+use crate::signals::forward_signals;
+use crate::spawn::{Event, RankCommand};
+use crate::supervise::{Attempt, supervise};
+
+/// Most ranks on one host.
+pub const MAX_LOCAL_RANKS: usize = 4096;
+
+/// What to launch, and how.
+#[derive(Clone, Debug)]
+pub struct LaunchSpec {
+    /// Ranks to start on this host (1 to [`MAX_LOCAL_RANKS`]).
+    pub np: usize,
+    /// The program every rank runs.
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Where the ranks meet.
+    pub coordinator: CoordinatorChoice,
+    /// The coordinator's bearer token (given to the ranks as `DROVE_TOKEN`).
+    pub token: Option<String>,
+    /// The run id (see [`check_run_id`]).
+    pub run_id: String,
+    /// Restarts of a failed world.
+    pub restart: RestartPolicy,
+    /// Between SIGTERM and SIGKILL when stopping the ranks.
+    pub stop_grace: Duration,
+    /// Extra variables for every rank.
+    pub env: Vec<(String, String)>,
+}
+
+impl LaunchSpec {
+    /// `np` ranks of `program args`, with an in-process coordinator on a
+    /// temporary store, a fresh run id, no restarts and a 10 s grace.
+    pub fn new(
+        np: usize,
+        program: impl Into<OsString>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+    ) -> Self {
+        LaunchSpec {
+            np,
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            coordinator: CoordinatorChoice::InProcess { store: None },
+            token: None,
+            run_id: default_run_id(),
+            restart: RestartPolicy::default(),
+            stop_grace: Duration::from_secs(10),
+            env: Vec::new(),
+        }
+    }
+
+    fn check(&self) -> Result<(), LaunchError> {
+        if !(1..=MAX_LOCAL_RANKS).contains(&self.np) {
+            return Err(LaunchError::Spec(format!(
+                "np must be 1 to {MAX_LOCAL_RANKS} ranks on one host, found {}",
+                self.np
+            )));
+        }
+        check_run_id(&self.run_id).map_err(LaunchError::Spec)
+    }
+
+    /// The variables every rank of an attempt gets (the rank's own are set at spawn).
+    fn rank_env(&self, addr: &str, restarts: u32, progress: bool) -> Vec<(String, String)> {
+        let mut env = vec![
+            (var::WORLD_SIZE.to_string(), self.np.to_string()),
+            (var::LOCAL_WORLD_SIZE.to_string(), self.np.to_string()),
+            (var::RUN_ID.to_string(), self.run_id.clone()),
+            (var::COORDINATOR.to_string(), addr.to_string()),
+            (var::RESTART_COUNT.to_string(), restarts.to_string()),
+        ];
+        if let Some(t) = &self.token {
+            env.push((var::TOKEN.to_string(), t.clone()));
+        }
+        // As torchrun sets OMP_NUM_THREADS: the ranks share this host's cores.
+        if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+            let threads =
+                std::thread::available_parallelism().map_or(1, |n| n.get()).div_ceil(self.np).max(1);
+            env.push(("RAYON_NUM_THREADS".to_string(), threads.to_string()));
+        }
+        if progress {
+            env.push((var::PROGRESS.to_string(), "launcher".to_string()));
+        }
+        env.extend(self.env.iter().cloned());
+        env
+    }
+}
+
+/// A run id is 1 to 128 characters.
+pub fn check_run_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > 128 {
+        return Err(format!("run id must be 1 to 128 characters, found {}", id.len()));
+    }
+    Ok(())
+}
+
+/// `run-MILLIS-PID`: the clock in ms and the process id.
+pub fn default_run_id() -> String {
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    format!("run-{ms}-{}", std::process::id())
+}
+
+/// How a launch ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Every rank exited 0.
+    Succeeded,
+    /// This rank failed first (in the last attempt), with this exit code.
+    RankFailed {
+        /// The rank.
+        rank: usize,
+        /// Its shell-style exit code.
+        code: u8,
+    },
+    /// The launcher was stopped by this signal.
+    Interrupted(i32),
+    /// The coordinator failed the run (a hung rank), for this reason.
+    RunFailed(String),
+}
+
+/// What a launch did.
+#[derive(Clone, Debug)]
+pub struct LaunchOutcome {
+    /// The run id.
+    pub run_id: String,
+    /// Restarts made.
+    pub restarts: u32,
+    /// How it ended.
+    pub end: End,
+}
+
+impl LaunchOutcome {
+    /// The launcher's exit code: 0, the first failing rank's, 128 + N for
+    /// signal N, or 1 when the coordinator failed the run.
+    pub fn exit_code(&self) -> u8 {
+        match &self.end {
+            End::Succeeded => 0,
+            End::RankFailed { code, .. } => *code,
+            End::Interrupted(sig) => signal_exit_code(*sig),
+            End::RunFailed(_) => 1,
+        }
+    }
+
+    fn of(run_id: &str, restarts: u32, attempt: &Attempt) -> Self {
+        let end = match (&attempt.run_failed, attempt.first_failure, attempt.interrupted) {
+            (Some(why), _, _) => End::RunFailed(why.clone()),
+            (None, Some((rank, code)), _) => End::RankFailed { rank, code },
+            (None, None, Some(sig)) => End::Interrupted(sig),
+            (None, None, None) => End::Succeeded,
+        };
+        LaunchOutcome { run_id: run_id.to_string(), restarts, end }
+    }
+}
+
+/// Launches `spec.np` ranks and supervises them until the run ends (see the
+/// crate docs for the contract). Installs handlers for SIGINT, SIGTERM and
+/// SIGHUP for the rest of the process's life: they stop the world.
+pub fn launch(spec: &LaunchSpec, console: Arc<dyn Console>) -> Result<LaunchOutcome, LaunchError> {
+    spec.check()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("drove-run")
+        .build()
+        .map_err(|e| LaunchError::io("starting the async runtime", e))?;
+    let (tx, rx) = mpsc::channel();
+    forward_signals(&rt, tx.clone())?;
+    let coordinator = rt.block_on(LaunchCoordinator::open(&spec.coordinator, spec.token.as_deref()))?;
+    let outcome = rt.block_on(join(&coordinator.addr, spec)).and_then(|mut clients| {
+        tracing::info!(
+            coordinator = %coordinator.addr,
+            run_id = %spec.run_id,
+            np = spec.np,
+            in_process = coordinator.in_process(),
+            "starting {} ranks of {}",
+            spec.np,
+            spec.program.to_string_lossy()
+        );
+        let attempts = Attempts { spec, addr: &coordinator.addr, console: &console, rt: &rt };
+        attempts.run(&mut clients, &tx, &rx)
+    });
+    drop(tx);
+    rt.block_on(coordinator.close());
+    outcome
+}
+
+/// Connects within 15 s and checks the run id is free.
+async fn join(addr: &str, spec: &LaunchSpec) -> Result<Clients, LaunchError> {
+    let mut clients = tokio::time::timeout(Duration::from_secs(15), connect(addr, spec.token.as_deref()))
+        .await
+        .map_err(|_| {
+            LaunchError::Coordinator(format!(
+                "the coordinator at {addr} did not accept a connection within 15 s"
+            ))
+        })??;
+    check_run_is_free(&mut clients, &spec.run_id).await?;
+    Ok(clients)
+}
+
+/// The attempts of one launch.
+struct Attempts<'a> {
+    spec: &'a LaunchSpec,
+    addr: &'a str,
+    console: &'a Arc<dyn Console>,
+    rt: &'a tokio::runtime::Runtime,
+}
+
+impl Attempts<'_> {
+    /// Runs attempts until one succeeds, is interrupted, or no restart is left.
+    fn run(
+        &self,
+        clients: &mut Clients,
+        tx: &mpsc::Sender<Event>,
+        rx: &mpsc::Receiver<Event>,
+    ) -> Result<LaunchOutcome, LaunchError> {
+        let spec = self.spec;
+        let mut restarts = 0u32;
+        loop {
+            let env = spec.rank_env(self.addr, restarts, self.console.draws_progress());
+            let command = RankCommand { program: &spec.program, args: &spec.args, env: &env };
+            let watcher =
+                self.rt.spawn(watch_run(clients.rendezvous.clone(), spec.run_id.clone(), tx.clone()));
+            let attempt = supervise(spec.np, &command, spec.stop_grace, self.console, tx.clone(), rx);
+            watcher.abort();
+            let attempt = attempt?;
+            self.rt.block_on(leave_all(clients, &spec.run_id, &attempt));
+            match spec.restart.next(restarts, &attempt) {
+                Next::Done => return Ok(LaunchOutcome::of(&spec.run_id, restarts, &attempt)),
+                Next::Restart(why) => {
+                    restarts += 1;
+                    tracing::warn!(
+                        "run {}: {why}; restarting every rank ({restarts} of {})",
+                        spec.run_id,
+                        spec.restart.max_restarts
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! drove's launch contract, as a library: both sides of it.
+//!
+//! **The launcher** ([`launch`]) starts N ranks of a program on this host, as
+//! `drove run --np N -- PROGRAM` does (like `torchrun --standalone` or
+//! `horovodrun -np N -H localhost:N`), from a [`LaunchSpec`]:
+//!
+//! - Without a coordinator address it serves one in-process on 127.0.0.1
+//!   (any free port) with a temporary store, removed at the end.
+//! - Each rank gets the variables of [`var`]: `DROVE_RANK`, `DROVE_LOCAL_RANK`,
+//!   `DROVE_WORLD_SIZE`, `DROVE_LOCAL_WORLD_SIZE`, `DROVE_RUN_ID`,
+//!   `DROVE_COORDINATOR`, `DROVE_RESTART_COUNT`, and with a token
+//!   `DROVE_TOKEN`; stdin is `/dev/null`.
+//! - Every line a rank writes goes whole to a [`Console`], which prefixes it
+//!   `[R] ` ([`PlainConsole`]) or draws rank 0's [`Progress`] as a bar.
+//! - Each rank leads its own process group (a terminal's Ctrl-C reaches the
+//!   launcher only; stopping a rank stops what it started) and is killed by
+//!   the kernel if the launcher dies.
+//! - When a rank fails, the coordinator fails the run, or the launcher gets
+//!   SIGINT, SIGTERM or SIGHUP, every rank still running gets SIGTERM, then
+//!   SIGKILL after the grace; a second signal skips the grace.
+//! - A [`RestartPolicy`] starts a failed world again, with
+//!   `DROVE_RESTART_COUNT` counting up; at the end every rank leaves the run
+//!   on the coordinator, so `drove runs` shows it finished or failed.
+//!
+//! **The rank side**: [`LaunchEnv`] reads those variables once, each malformed
+//! value named; from it come the communicator, a metrics recorder to the
+//! coordinator, and the decision to [`Start`] fresh or resume. [`Launched`]
+//! bundles them with progress lines for the launcher's bar:
+//!
+//! ```no_run
+//! use drove_launch::{Launched, Progress, Start};
+//!
+//! let rank = Launched::join()?; // the other ranks, metrics, progress
+//! let first = match rank.start("ckpt/latest".as_ref()) {
+//!     Start::Resume => 100, // read your checkpoint
+//!     Start::Fresh => 0,
+//! };
+//! for step in first..200 {
+//!     let loss = 1.0 / (step + 1) as f64; // your step, on rank.comm()
+//!     rank.record(step, "loss", loss);
+//!     rank.progress(&Progress { loss: Some(loss), ..Progress::at(step + 1, 200) });
+//! }
+//! rank.finish();
+//! # Ok::<(), drove_launch::LaunchError>(())
+//! ```
+
+#![deny(missing_docs)]
+
+mod console;
+mod coordinator;
+mod env;
+mod error;
+mod exit;
+mod launcher;
+mod progress;
+mod rank;
+mod relay;
+mod restart;
+mod signals;
+mod spawn;
+mod supervise;
+
+pub use console::{Console, PlainConsole, Stream, prefixed};
+pub use coordinator::{CoordinatorChoice, connect, connect_channel, status_message};
+pub use env::{LaunchEnv, RendezvousKind, var};
+pub use error::{EnvError, LaunchError};
+pub use exit::{describe, exit_code, signal_exit_code, signal_name};
+pub use launcher::{End, LaunchOutcome, LaunchSpec, MAX_LOCAL_RANKS, check_run_id, default_run_id, launch};
+pub use progress::{PROGRESS_PREFIX, Progress, ProgressMode};
+pub use rank::{DEFAULT_RUN_ID, Launched, Start};
+pub use restart::RestartPolicy;
+pub use supervise::Cause;
