@@ -39,8 +39,8 @@ use drove_train::checkpoint::{self, LoopState};
 use drove_train::device::BucketAllReduce;
 use drove_train::flat::{AdamWSettings, cosine};
 use drove_train::micro::MicroBatches;
-use drove_train::replica::{LossReduction, Placement, Replica, ReplicaOptions, Schedule};
 use drove_train::schedule::LrScaling;
+use drove_train::{LossReduction, Placement, Replica, ReplicaOptions, Schedule};
 
 /// Everything a fine-tune needs to know.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

@@ -1,40 +1,70 @@
-//! A data-parallel training step assembled from drove-train's parts, on a tiny
-//! BERT and made-up data, in a world of one (`SingleProcess`); under a launcher,
+//! A data-parallel training step assembled from drove-train's parts, on a
+//! small token classifier of its own and made-up data, in a world of one (`SingleProcess`); under a launcher,
 //! swap in `drove_comm::Communicator::from_env()` and nothing else changes.
 //!
 //! ```text
 //! cargo run -p drove-train --example flat_step
 //! ```
 use burn::backend::{Autodiff, Flex};
+use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::optim::GradientsParams;
+use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use drove_bert::BertConfig;
 use drove_comm::fusion::{FusionOptions, all_reduce_fused};
 use drove_comm::{ReduceOptions, SingleProcess};
 use drove_train::broadcast_parameters;
 use drove_train::flat::{AdamWSettings, FlatAdamW, FlatParams, clip_global_norm, take_gradients};
-use drove_train::schedule::WarmupLinear;
+use drove_train::schedule::Schedule;
 
 type B = Autodiff<Flex>;
+
+/// A small token classifier (embedding, hidden layer, LayerNorm, classifier):
+/// any burn model would do. The weights take weight decay, the biases and
+/// `norm.*` do not.
+#[derive(Module, Debug)]
+struct Tagger<B: Backend> {
+    embedding: Embedding<B>,
+    hidden: Linear<B>,
+    norm: LayerNorm<B>,
+    classifier: Linear<B>,
+}
+
+impl<B: Backend> Tagger<B> {
+    fn new(vocab: usize, width: usize, labels: usize, device: &B::Device) -> Self {
+        Tagger {
+            embedding: EmbeddingConfig::new(vocab, width).init(device),
+            hidden: LinearConfig::new(width, width).init(device),
+            norm: LayerNormConfig::new(width).init(device),
+            classifier: LinearConfig::new(width, labels).init(device),
+        }
+    }
+
+    /// Logits `[rows, seq, labels]` of token ids `[rows, seq]`.
+    fn forward(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let hidden = self.hidden.forward(self.embedding.forward(ids)).tanh();
+        self.classifier.forward(self.norm.forward(hidden))
+    }
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = Default::default();
     let comm = SingleProcess;
     let (batch, seq, labels) = (8, 12, 5);
-    let model = BertConfig::tiny(50).init_token_classification::<B>(labels, &device);
+    let model = Tagger::<B>::new(50, 16, labels, &device);
     // Every rank starts from rank 0's weights.
     let mut model = broadcast_parameters(model, &comm, 0, &device)?;
     let mut params = FlatParams::read(&model)?;
     let mut optim = FlatAdamW::new(AdamWSettings::default(), &params);
-    let schedule = WarmupLinear::with_fraction(1e-3, 0.1, 30);
+    let (peak, schedule) = (1e-3, Schedule::warmup_linear(0.1, 30));
     let ids: Vec<i64> = (0..batch * seq).map(|i| 1 + (i as i64 * 7) % 49).collect();
     let targets: Vec<i64> = ids.iter().map(|&t| t % labels as i64).collect();
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [batch, seq]), &device);
     let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [batch * seq]), &device);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     for step in 0..30 {
-        let logits = model.forward(ids.clone(), ids.zeros_like(), Tensor::ones([batch, seq], &device));
+        let logits = model.forward(ids.clone());
         let loss = loss_fn.forward(logits.reshape([batch * seq, labels]), targets.clone());
         let value: f32 = loss.clone().into_scalar().elem();
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
@@ -43,7 +73,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|g| g.as_mut_slice()).collect();
         all_reduce_fused(&comm, "gradients", &mut refs, ReduceOptions::average(), FusionOptions::default())?;
         let norm = clip_global_norm(&mut flat, 1.0);
-        optim.update(&mut params, &flat, schedule.lr(step));
+        optim.update(&mut params, &flat, schedule.lr(peak, step));
         model = params.write(model, &device);
         if step % 5 == 0 || step == 29 {
             println!("step {step:2}: loss {value:.4}, gradient norm {norm:.3}");

@@ -248,10 +248,36 @@ impl AdamWStep {
     }
 }
 
-/// Whether a parameter takes weight decay: as transformers' `Trainer`, not the
-/// biases and not the LayerNorm weights.
-pub fn decays(name: &str) -> bool {
-    !(name.ends_with(".bias") || name.ends_with("bias") || name.contains("norm."))
+/// The default patterns of the parameters that take no weight decay: as
+/// transformers' `Trainer`, not the biases and not the LayerNorm weights.
+pub const NO_DECAY: [&str; 2] = ["*bias", "*norm.*"];
+
+/// Whether the parameter called `name` (a dotted module path) takes weight
+/// decay: it does unless it matches one of the `no_decay` patterns, where `*`
+/// stands for any run of characters (see [`NO_DECAY`]). The one weight-decay
+/// rule of both placements and of checkpoints.
+pub fn decays<S: AsRef<str>>(name: &str, no_decay: &[S]) -> bool {
+    !no_decay.iter().any(|pattern| glob(pattern.as_ref(), name))
+}
+
+/// `*` matches any run of characters; everything else matches itself.
+fn glob(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 /// AdamW over flat buffers; its state is two moments per element and a step.
@@ -270,14 +296,15 @@ pub struct FlatAdamW {
 }
 
 impl FlatAdamW {
-    /// Fresh state for `params`.
+    /// Fresh state for `params`, decaying those [`decays`] picks with the
+    /// default [`NO_DECAY`] patterns.
     pub fn new(settings: AdamWSettings, params: &FlatParams) -> Self {
         FlatAdamW {
             settings,
             step: 0,
             m: params.values.iter().map(|p| vec![0.0; p.len()]).collect(),
             v: params.values.iter().map(|p| vec![0.0; p.len()]).collect(),
-            decay: params.names.iter().map(|n| decays(n)).collect(),
+            decay: params.names.iter().map(|n| decays(n, &NO_DECAY)).collect(),
         }
     }
 
@@ -364,10 +391,22 @@ mod tests {
 
     #[test]
     fn decay_excludes_biases_and_layer_norms() {
-        assert!(decays("bert.layers.0.query.weight"));
-        assert!(!decays("bert.layers.0.query.bias"));
-        assert!(!decays("bert.layers.0.attention_norm.gamma"));
-        assert!(!decays("bert.embeddings.norm.beta"));
+        assert!(decays("bert.layers.0.query.weight", &NO_DECAY));
+        assert!(!decays("bert.layers.0.query.bias", &NO_DECAY));
+        assert!(!decays("bert.layers.0.attention_norm.gamma", &NO_DECAY));
+        assert!(!decays("bert.embeddings.norm.beta", &NO_DECAY));
+        for name in ["a.bias", "x.norm.gamma", "classifier.bias"] {
+            assert!(!decays(name, &NO_DECAY), "{name}");
+        }
+    }
+
+    #[test]
+    fn no_decay_patterns_are_globs() {
+        assert!(glob("out.*", "out.weight") && !glob("out.*", "hidden.weight"));
+        assert!(glob("exact", "exact") && !glob("exact", "exactly"));
+        assert!(glob("a*b*c", "a-b-c") && !glob("a*b*c", "a-c-b"));
+        let no_decay = vec!["out.*".to_string()];
+        assert!(!decays("out.weight", &no_decay) && decays("hidden.bias", &no_decay));
     }
 
     #[test]

@@ -15,8 +15,10 @@
 //!
 //! The parts it is made of are public too: [`broadcast_parameters`] and
 //! [`all_reduce_gradients`] for a loop of one's own, [`flat`] (flat buffers,
-//! clipping, AdamW), [`device`] (the same on the device), [`micro`],
-//! [`schedule`] and [`checkpoint`]. `drove-ner` is one user: the BERT fine-tune
+//! clipping, AdamW, and [`flat::decays`], the one rule of which parameters
+//! take weight decay), [`device`] (the same on the device), [`micro`],
+//! [`schedule`] (LR scaling and the one [`Schedule`] type) and
+//! [`checkpoint`]. `drove-ner` is one user: the BERT fine-tune
 //! for named-entity recognition that joins `drove-bert` and `drove-collate`;
 //! this crate depends on neither.
 //!
@@ -31,13 +33,14 @@ pub mod device;
 pub mod flat;
 pub mod gpu;
 pub mod micro;
+mod placement;
 pub mod replica;
 pub mod schedule;
 pub mod timeline;
 
-pub use replica::{
-    LossReduction, Micro, PhaseTimes, Placement, Replica, ReplicaOptions, Rows, Schedule, StepOutcome,
-};
+pub use placement::Placement;
+pub use replica::{LossReduction, Micro, PhaseTimes, Replica, ReplicaOptions, Rows, StepOutcome};
+pub use schedule::Schedule;
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;

@@ -1,5 +1,5 @@
-//! Learning-rate scaling with the world size, and the warmup + linear decay
-//! schedule of BERT fine-tuning.
+//! Learning-rate scaling with the world size, and the one schedule of the rate
+//! over a run: constant, or BERT fine-tuning's warmup + linear decay.
 
 use std::fmt;
 use std::str::FromStr;
@@ -51,32 +51,41 @@ impl fmt::Display for LrScaling {
     }
 }
 
-/// Linear warmup from 0 to `peak` over `warmup` steps, then linear decay to 0 at
-/// `total` steps (transformers' `get_linear_schedule_with_warmup`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct WarmupLinear {
-    /// The rate at the end of warmup.
-    pub peak: f64,
-    /// Warmup steps.
-    pub warmup: usize,
-    /// Total steps.
-    pub total: usize,
+/// The learning rate over the run, as a factor of the (scaled) peak rate.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Schedule {
+    /// The peak rate at every step.
+    #[default]
+    Constant,
+    /// Linear warmup from 0 over `warmup` steps, then linear decay to 0 at
+    /// `total` steps (transformers' `get_linear_schedule_with_warmup`).
+    WarmupLinear {
+        /// Warmup steps.
+        warmup: u64,
+        /// Total steps of the run.
+        total: u64,
+    },
 }
 
-impl WarmupLinear {
+impl Schedule {
     /// Warmup over `fraction` of `total` steps (rounded down, as transformers does).
-    pub fn with_fraction(peak: f64, fraction: f64, total: usize) -> Self {
-        WarmupLinear { peak, warmup: (fraction * total as f64) as usize, total }
+    pub fn warmup_linear(fraction: f64, total: u64) -> Self {
+        Schedule::WarmupLinear { warmup: (fraction * total as f64) as u64, total }
     }
 
-    /// The rate used for step `step` (0-based).
-    pub fn lr(&self, step: usize) -> f64 {
-        if step < self.warmup {
-            return self.peak * step as f64 / self.warmup.max(1) as f64;
+    /// The rate of step `step` (0-based) for a peak rate of `peak`.
+    pub fn lr(&self, peak: f64, step: u64) -> f64 {
+        match *self {
+            Schedule::Constant => peak,
+            Schedule::WarmupLinear { warmup, total } => {
+                if step < warmup {
+                    return peak * step as f64 / warmup.max(1) as f64;
+                }
+                let left = total.saturating_sub(step) as f64;
+                let span = total.saturating_sub(warmup).max(1) as f64;
+                peak * (left / span).max(0.0)
+            }
         }
-        let left = self.total.saturating_sub(step) as f64;
-        let span = self.total.saturating_sub(self.warmup).max(1) as f64;
-        self.peak * (left / span).max(0.0)
     }
 }
 
@@ -95,13 +104,14 @@ mod tests {
 
     #[test]
     fn warmup_then_linear_decay_like_transformers() {
-        let s = WarmupLinear::with_fraction(1.0, 0.1, 100);
-        assert_eq!(s.warmup, 10);
-        assert_eq!(s.lr(0), 0.0);
-        assert_eq!(s.lr(5), 0.5);
-        assert_eq!(s.lr(10), 1.0);
-        assert!((s.lr(55) - 0.5).abs() < 1e-12);
-        assert_eq!(s.lr(100), 0.0);
-        assert_eq!(s.lr(150), 0.0);
+        let s = Schedule::warmup_linear(0.1, 100);
+        assert_eq!(s, Schedule::WarmupLinear { warmup: 10, total: 100 });
+        assert_eq!(s.lr(1.0, 0), 0.0);
+        assert_eq!(s.lr(1.0, 5), 0.5);
+        assert_eq!(s.lr(1.0, 10), 1.0);
+        assert!((s.lr(1.0, 55) - 0.5).abs() < 1e-12);
+        assert_eq!(s.lr(1.0, 100), 0.0);
+        assert_eq!(s.lr(1.0, 150), 0.0);
+        assert_eq!(Schedule::Constant.lr(2e-5, 7), 2e-5);
     }
 }

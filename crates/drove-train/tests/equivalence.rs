@@ -1,5 +1,6 @@
-//! Gradient averaging is exact: with dropout off, 2 ranks x batch 8 reach the same
-//! parameters after 5 AdamW steps as 1 rank x batch 16 over the same 16 sentences.
+//! Gradient averaging is exact: 2 ranks x batch 8 reach the same parameters
+//! after 5 AdamW steps as 1 rank x batch 16 over the same 16 sentences, on a
+//! small token classifier (`support::Tagger`).
 //! The ranks here are threads with their own communicators (over shared memory or
 //! TCP); the multi-process version runs under `drove run` with the trainer.
 use burn::backend::{Autodiff, Flex};
@@ -7,14 +8,15 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{Int, Tensor, TensorData};
-use drove_bert::{BertConfig, BertForTokenClassification};
 use drove_comm::fusion::FusionOptions;
 use drove_comm::{Collective, CommOptions, Communicator, FileRendezvous, SingleProcess};
 use drove_train::{all_reduce_gradients, broadcast_parameters};
+use support::{LABELS, Tagger};
+
+mod support;
 
 type B = Autodiff<Flex>;
 const SEQ: usize = 12;
-const LABELS: usize = 5;
 
 fn data() -> (Vec<i64>, Vec<i64>) {
     let mut s = 12345u64;
@@ -27,11 +29,7 @@ fn data() -> (Vec<i64>, Vec<i64>) {
     (ids, labels)
 }
 
-fn config() -> BertConfig {
-    BertConfig { hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0, ..BertConfig::tiny(50) }
-}
-
-fn params(model: &BertForTokenClassification<B>) -> Vec<f32> {
+fn params(model: &Tagger<B>) -> Vec<f32> {
     struct Collect(Vec<f32>);
     impl ModuleVisitor<B> for Collect {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
@@ -44,11 +42,7 @@ fn params(model: &BertForTokenClassification<B>) -> Vec<f32> {
 }
 
 /// Five AdamW steps on sentences `rows` (each rank its own), averaging gradients.
-fn train<C: Collective + ?Sized>(
-    mut model: BertForTokenClassification<B>,
-    comm: &C,
-    rows: std::ops::Range<usize>,
-) -> BertForTokenClassification<B> {
+fn train<C: Collective + ?Sized>(mut model: Tagger<B>, comm: &C, rows: std::ops::Range<usize>) -> Tagger<B> {
     let device = Default::default();
     model = broadcast_parameters(model, comm, 0, &device).unwrap();
     let (ids, labels) = data();
@@ -61,10 +55,10 @@ fn train<C: Collective + ?Sized>(
         TensorData::new(labels[rows.start * SEQ..rows.end * SEQ].to_vec(), [n * SEQ]),
         &device,
     );
-    let mut optim = AdamWConfig::new().with_weight_decay(0.01).init::<B, BertForTokenClassification<B>>();
+    let mut optim = AdamWConfig::new().with_weight_decay(0.01).init::<B, Tagger<B>>();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     for _ in 0..5 {
-        let logits = model.forward(ids.clone(), ids.zeros_like(), Tensor::ones([n, SEQ], &device));
+        let logits = model.forward(ids.clone());
         let loss = loss_fn.forward(logits.reshape([n * SEQ, LABELS]), targets.clone());
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         all_reduce_gradients(&model, &mut grads, comm, FusionOptions::default(), &device).unwrap();
@@ -82,7 +76,7 @@ fn relative_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn two_ranks_of_batch_8_equal_one_rank_of_batch_16() {
     let device = Default::default();
-    let initial = config().init_token_classification::<B>(LABELS, &device);
+    let initial = Tagger::<B>::new(&device);
     let before = params(&initial);
     let single = params(&train(initial.clone(), &SingleProcess, 0..16));
     assert_eq!(relative_diff(&before, &params(&initial)), 0.0, "training a clone left the original alone");
@@ -92,11 +86,7 @@ fn two_ranks_of_batch_8_equal_one_rank_of_batch_16() {
         .map(|rank| {
             let dir = dir.path().to_path_buf();
             // Rank 1 starts from other random weights: the broadcast must fix that.
-            let model = if rank == 0 {
-                initial.clone()
-            } else {
-                config().init_token_classification::<B>(LABELS, &device)
-            };
+            let model = if rank == 0 { initial.clone() } else { Tagger::<B>::new(&device) };
             std::thread::spawn(move || {
                 let rv = FileRendezvous::new(&dir, rank, 2).unwrap();
                 let comm = Communicator::connect(&rv, CommOptions::default()).unwrap();

@@ -1,5 +1,5 @@
-//! `Replica`, the reusable distributed step, on a tiny BERT token classifier
-//! with dropout off: both placements take the step that one rank over the whole
+//! `Replica`, the reusable distributed step, on a small token classifier
+//! (`support::Tagger`): both placements take the step that one rank over the whole
 //! batch takes (2 ranks x 8 rows = 1 x 16; 2 backward passes of 8 = 1 of 16;
 //! 3 micro-batches = 1), the host and backend placements agree, a checkpoint
 //! resumes the run as if it had not stopped, and ranks that load different
@@ -11,15 +11,16 @@ use std::sync::OnceLock;
 use burn::backend::{Autodiff, Flex};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
-use drove_bert::{BertConfig, BertForTokenClassification};
 use drove_comm::{Collective, CommOptions, Communicator, FileRendezvous, SingleProcess};
 use drove_train::flat::{AdamWSettings, FlatParams};
 use drove_train::{Placement, Replica, ReplicaOptions, Schedule, TrainError};
+use support::{LABELS, Tagger};
+
+mod support;
 
 type B = Autodiff<Flex>;
-type Model = BertForTokenClassification<B>;
+type Model = Tagger<B>;
 const SEQ: usize = 12;
-const LABELS: usize = 5;
 const ROWS: usize = 16;
 
 /// Rows of made-up token ids and labels.
@@ -48,10 +49,6 @@ impl Rows {
         let span = first * SEQ..(first + count) * SEQ;
         Rows { ids: ids[span.clone()].to_vec(), labels: labels[span].to_vec() }
     }
-}
-
-fn config() -> BertConfig {
-    BertConfig { hidden_dropout_prob: 0.0, attention_probs_dropout_prob: 0.0, ..BertConfig::tiny(50) }
 }
 
 /// Every float parameter, in module order, end to end.
@@ -102,8 +99,7 @@ fn train(replica: &mut Replica<'_, B, Model>, plan: Plan, from: usize, steps: us
                     let y =
                         TensorData::new(micro.batch.labels[r.start * SEQ..r.end * SEQ].to_vec(), [n * SEQ]);
                     let targets = Tensor::<B, 1, Int>::from_data(y, &device);
-                    let logits =
-                        model.forward(ids.clone(), ids.zeros_like(), Tensor::ones([n, SEQ], &device));
+                    let logits = model.forward(ids);
                     loss_fn.forward(logits.reshape([n * SEQ, LABELS]), targets)
                 })
                 .unwrap();
@@ -129,7 +125,7 @@ fn relative_diff(a: &[f32], b: &[f32]) -> f32 {
 fn initial() -> Model {
     static WEIGHTS: OnceLock<FlatParams> = OnceLock::new();
     let device = Default::default();
-    let fresh = config().init_token_classification::<B>(LABELS, &device);
+    let fresh = Tagger::<B>::new(&device);
     let weights = WEIGHTS.get_or_init(|| {
         let mut flat = FlatParams::read(&fresh).unwrap();
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
@@ -181,11 +177,7 @@ fn two_ranks_of_8_take_the_step_of_one_of_16_in_both_placements() {
         let single = alone(options(placement));
         let ranks = world(2, move |rank, comm| {
             // Rank 1 starts from other random weights: the broadcast must fix that.
-            let model = if rank == 0 {
-                initial()
-            } else {
-                config().init_token_classification(LABELS, &Default::default())
-            };
+            let model = if rank == 0 { initial() } else { Tagger::new(&Default::default()) };
             let opts = ReplicaOptions { lr: 1e-3 / 2.0, ..options(placement) }; // linear scaling doubles it
             let mut replica = Replica::new(model, comm, opts, &Default::default()).unwrap();
             train(&mut replica, Plan { rows: 8, first: rank * 8 }, 0, 5);
@@ -247,7 +239,7 @@ fn resumed(first: Placement, then: Placement, dir: &Path) -> Vec<f32> {
     let saved = replica.save(dir, &serde_json::json!({ "next_step": 3 }), &[], 2).unwrap();
     assert_eq!(saved.unwrap(), dir.join("step-00000003"));
     // Another model altogether until the checkpoint is loaded.
-    let other = config().init_token_classification(LABELS, &Default::default());
+    let other = Tagger::new(&Default::default());
     let mut replica = Replica::new(other, &SingleProcess, options(then), &Default::default()).unwrap();
     let state = replica.load(&dir.join("step-00000003")).unwrap();
     assert_eq!(state["next_step"], 3);

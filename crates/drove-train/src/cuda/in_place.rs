@@ -190,100 +190,110 @@ pub fn check_in_place(buckets: &NcclBuckets, mesh: &dyn Collective) -> InPlaceRe
 }
 
 fn run_case(buckets: &NcclBuckets, mesh: &dyn Collective, kind: CaseKind) -> InPlaceCase {
-    let (rank, world) = (mesh.rank(), mesh.world_size());
-    let device = buckets.device();
-    let mut out =
-        InPlaceCase { case: kind, access: None, offset_bytes: None, passed: true, checks: Vec::new() };
-    let mut record = |check: &'static str, result: Result<String, String>| {
-        let (passed, detail) = match result {
-            Ok(d) => (true, d),
-            Err(d) => (false, d),
-        };
-        out.checks.push(CaseCheck { check, passed, detail });
-    };
-
+    let rank = mesh.rank();
     // The layout as built, and the branch device_memory takes for it.
-    let built = kind.build(rank, 0, device);
+    let built = kind.build(rank, 0, buckets.device());
     let values = kind.values(rank, 0);
-    record("built", read(&built.tensor).and_then(|got| same(&got, &values, true)));
+    let as_built = read(&built.tensor).and_then(|got| same(&got, &values, true));
+    let (memory, access, offset) = check_device_memory(kind, built, &values);
+    // In the order run: each check builds its own tensor.
+    let results = [
+        ("built", as_built),
+        ("device_memory", memory),
+        ("all_reduce", check_all_reduce(buckets, mesh, kind)),
+        ("all_gather_from", check_all_gather_from(buckets, mesh, kind)),
+        ("all_gather_into", check_all_gather_into(buckets, mesh, kind)),
+    ];
+    let checks: Vec<CaseCheck> = results
+        .into_iter()
+        .map(|(check, result)| {
+            let (passed, detail) = match result {
+                Ok(d) => (true, d),
+                Err(d) => (false, d),
+            };
+            CaseCheck { check, passed, detail }
+        })
+        .collect();
+    let passed = checks.iter().all(|c| c.passed);
+    InPlaceCase { case: kind, access, offset_bytes: offset, passed, checks }
+}
+
+/// `device_memory` on the case as built: the branch it takes and the byte
+/// offset it reports, the values it reaches, and the buffer's other tensors.
+fn check_device_memory(
+    kind: CaseKind,
+    built: Built,
+    values: &[f32],
+) -> (Result<String, String>, Option<Access>, Option<u64>) {
     let (want_access, want_offset) = kind.expected();
     let (mut access, mut offset) = (None, None);
-    record(
-        "device_memory",
-        device_memory(built.tensor).map_err(|e| e.to_string()).and_then(|m| {
-            (access, offset) = (Some(m.access), Some(m.offset_bytes));
-            if (m.access, m.offset_bytes) != (want_access, want_offset) {
-                return Err(format!(
-                    "reached as {:?} at byte offset {}; the case exists for {want_access:?} at {want_offset}",
-                    m.access, m.offset_bytes
-                ));
-            }
-            same(&read(&m.tensor)?, &values, true)?;
-            untouched(&built.sharers)?;
-            Ok(format!("{:?} at byte offset {}, values kept", m.access, m.offset_bytes))
-        }),
-    );
+    let result = device_memory(built.tensor).map_err(|e| e.to_string()).and_then(|m| {
+        (access, offset) = (Some(m.access), Some(m.offset_bytes));
+        if (m.access, m.offset_bytes) != (want_access, want_offset) {
+            return Err(format!(
+                "reached as {:?} at byte offset {}; the case exists for {want_access:?} at {want_offset}",
+                m.access, m.offset_bytes
+            ));
+        }
+        same(&read(&m.tensor)?, values, true)?;
+        untouched(&built.sharers)?;
+        Ok(format!("{:?} at byte offset {}, values kept", m.access, m.offset_bytes))
+    });
+    (result, access, offset)
+}
 
-    // The bucket all-reduce (average), as the replica calls it.
-    let built = kind.build(rank, 1, device);
+/// The bucket all-reduce (average), as the replica calls it.
+fn check_all_reduce(buckets: &NcclBuckets, mesh: &dyn Collective, kind: CaseKind) -> Result<String, String> {
+    let (rank, world) = (mesh.rank(), mesh.world_size());
+    let built = kind.build(rank, 1, buckets.device());
     let name = format!("in-place.{kind:?}.all_reduce");
-    record(
-        "all_reduce",
-        buckets
-            .all_reduce(mesh, &name, built.tensor, ReduceOptions::average())
-            .map_err(|e| e.to_string())
-            .and_then(|reduced| {
-                let want = average(&(0..world).map(|q| kind.values(q, 1)).collect::<Vec<_>>());
-                same(&read(&reduced)?, &want, world.is_power_of_two())?;
-                untouched(&built.sharers)?;
-                Ok(format!("the average over {world} rank(s), sharers unchanged"))
-            }),
-    );
+    let reduced =
+        buckets.all_reduce(mesh, &name, built.tensor, ReduceOptions::average()).map_err(|e| e.to_string())?;
+    let want = average(&(0..world).map(|q| kind.values(q, 1)).collect::<Vec<_>>());
+    same(&read(&reduced)?, &want, world.is_power_of_two())?;
+    untouched(&built.sharers)?;
+    Ok(format!("the average over {world} rank(s), sharers unchanged"))
+}
 
-    // From the case's tensor into a fresh one: the send address is the first byte.
+/// From the case's tensor into a fresh one: the send address is the first byte.
+fn check_all_gather_from(
+    buckets: &NcclBuckets,
+    mesh: &dyn Collective,
+    kind: CaseKind,
+) -> Result<String, String> {
+    let (rank, world, device) = (mesh.rank(), mesh.world_size(), buckets.device());
     let built = kind.build(rank, 2, device);
     let recv = Tensor::<Cuda, 1>::zeros([world * LEN], device);
     let name = format!("in-place.{kind:?}.all_gather_from");
-    record(
-        "all_gather_from",
-        buckets.all_gather_into(mesh, &name, built.tensor, recv).map_err(|e| e.to_string()).and_then(
-            |(send, recv)| {
-                let want: Vec<f32> = (0..world).flat_map(|q| kind.values(q, 2)).collect();
-                same(&read(&recv)?, &want, true)?;
-                same(&read(&send)?, &kind.values(rank, 2), true)
-                    .map_err(|e| format!("the source changed: {e}"))?;
-                untouched(&built.sharers)?;
-                Ok("gathered bit for bit; source and sharers unchanged".into())
-            },
-        ),
-    );
+    let (send, recv) = buckets.all_gather_into(mesh, &name, built.tensor, recv).map_err(|e| e.to_string())?;
+    let want: Vec<f32> = (0..world).flat_map(|q| kind.values(q, 2)).collect();
+    same(&read(&recv)?, &want, true)?;
+    same(&read(&send)?, &kind.values(rank, 2), true).map_err(|e| format!("the source changed: {e}"))?;
+    untouched(&built.sharers)?;
+    Ok("gathered bit for bit; source and sharers unchanged".into())
+}
 
-    // From a fresh tensor into the case's: the receive address is the first
-    // byte, and a shared buffer is copied before it is written.
-    if LEN.is_multiple_of(world) {
-        let part = LEN / world;
-        let fresh = |q: usize| (0..part).map(|i| value(q, 3, i)).collect::<Vec<f32>>();
-        let built = kind.build(rank, 4, device);
-        let send = Tensor::<Cuda, 1>::from_data(TensorData::new(fresh(rank), [part]), device);
-        let name = format!("in-place.{kind:?}.all_gather_into");
-        record(
-            "all_gather_into",
-            buckets.all_gather_into(mesh, &name, send, built.tensor).map_err(|e| e.to_string()).and_then(
-                |(_, recv)| {
-                    let want: Vec<f32> = (0..world).flat_map(fresh).collect();
-                    same(&read(&recv)?, &want, true)?;
-                    untouched(&built.sharers)?;
-                    Ok("written bit for bit; sharers unchanged".into())
-                },
-            ),
-        );
-    } else {
-        record("all_gather_into", Ok(format!("not run: {LEN} elements do not split over {world} ranks")));
+/// From a fresh tensor into the case's: the receive address is the first
+/// byte, and a shared buffer is copied before it is written.
+fn check_all_gather_into(
+    buckets: &NcclBuckets,
+    mesh: &dyn Collective,
+    kind: CaseKind,
+) -> Result<String, String> {
+    let (rank, world, device) = (mesh.rank(), mesh.world_size(), buckets.device());
+    if !LEN.is_multiple_of(world) {
+        return Ok(format!("not run: {LEN} elements do not split over {world} ranks"));
     }
-    out.access = access;
-    out.offset_bytes = offset;
-    out.passed = out.checks.iter().all(|c| c.passed);
-    out
+    let part = LEN / world;
+    let fresh = |q: usize| (0..part).map(|i| value(q, 3, i)).collect::<Vec<f32>>();
+    let built = kind.build(rank, 4, device);
+    let send = Tensor::<Cuda, 1>::from_data(TensorData::new(fresh(rank), [part]), device);
+    let name = format!("in-place.{kind:?}.all_gather_into");
+    let (_, recv) = buckets.all_gather_into(mesh, &name, send, built.tensor).map_err(|e| e.to_string())?;
+    let want: Vec<f32> = (0..world).flat_map(fresh).collect();
+    same(&read(&recv)?, &want, true)?;
+    untouched(&built.sharers)?;
+    Ok("written bit for bit; sharers unchanged".into())
 }
 
 /// A tensor's values, read back through burn.

@@ -1,0 +1,112 @@
+//! The backend placement: parameters, gradients and AdamW state as tensors
+//! on the backend's device (the GPU path). Gradients are summed with tensor
+//! adds and averaged bucket by bucket through a [`BucketAllReduce`] (host
+//! staging unless replaced); clipping and [`DeviceAdamW`] run in burn ops.
+//! The parts are in [`crate::device`].
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use burn::module::AutodiffModule;
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::{Pass, PlacementStep, UpdateSettings, accumulate, phase};
+use crate::TrainError;
+use crate::device::{BucketAllReduce, DeviceAdamW, all_reduce_buckets, clip_global_norm, take_gradients};
+use crate::flat::{FlatAdamW, FlatParams};
+use crate::micro::MicroBatches;
+use crate::replica::PhaseTimes;
+
+/// [`DeviceAdamW`], the bucket all-reduce, and the gradients summed since the
+/// last update as flat 1-D tensors in module order.
+pub(crate) struct BackendPlacement<B: AutodiffBackend> {
+    optim: DeviceAdamW<B::InnerBackend>,
+    reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
+    device: B::Device,
+    pending: Option<Vec<Tensor<B::InnerBackend, 1>>>,
+}
+
+impl<B: AutodiffBackend> BackendPlacement<B> {
+    pub(crate) fn new(
+        optim: DeviceAdamW<B::InnerBackend>,
+        reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
+        device: &B::Device,
+    ) -> Self {
+        BackendPlacement { optim, reducer, device: device.clone(), pending: None }
+    }
+}
+
+impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPlacement<B> {
+    fn backward(
+        &mut self,
+        micro: &MicroBatches,
+        jobs: Vec<(Range<usize>, M)>,
+        pass: &Pass<'_, M>,
+    ) -> Result<f64, TrainError> {
+        let device = &self.device;
+        let take = |model: &M, grads: &mut _| Ok(take_gradients(model, grads, device));
+        let add = |sum: &mut Vec<Tensor<B::InnerBackend, 1>>, more: Vec<Tensor<B::InnerBackend, 1>>| {
+            for (x, y) in sum.iter_mut().zip(more) {
+                *x = x.clone() + y;
+            }
+        };
+        accumulate(micro, jobs, pass, take, add, &mut self.pending)
+    }
+
+    fn has_gradients(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    fn discard_gradients(&mut self) {
+        self.pending = None;
+    }
+
+    fn local_gradient(&self, index: usize) -> Option<Result<Vec<f32>, TrainError>> {
+        let grad = self.pending.as_ref()?.get(index)?;
+        Some(crate::to_f32(grad.clone().into_data(), index))
+    }
+
+    fn update(
+        &mut self,
+        model: M,
+        u: &UpdateSettings<'_>,
+        times: &mut PhaseTimes,
+    ) -> (M, Result<f64, TrainError>) {
+        let Some(mut tensors) = self.pending.take() else {
+            return (model, Err(TrainError::Options("apply needs a backward pass first".into())));
+        };
+        let reduced = phase(u.timeline, "gradient all-reduce", &mut times.all_reduce, || {
+            all_reduce_buckets(self.reducer.as_ref(), u.comm, &mut tensors, u.fusion)
+        });
+        if let Err(e) = reduced {
+            return (model, Err(e));
+        }
+        let norm = phase(u.timeline, "clip", &mut times.clip, || clip_global_norm(&mut tensors, u.clip));
+        let model =
+            phase(u.timeline, "optimizer", &mut times.update, || self.optim.update(model, &tensors, u.lr));
+        (model, Ok(norm))
+    }
+
+    fn steps(&self) -> u64 {
+        self.optim.step
+    }
+
+    fn host_state(&self, model: &M) -> Result<(Cow<'_, FlatParams>, Cow<'_, FlatAdamW>), TrainError> {
+        // Host copies of the device tensors, for the file.
+        Ok((Cow::Owned(FlatParams::read(model)?), Cow::Owned(self.optim.to_flat()?)))
+    }
+
+    fn restore(&mut self, _params: FlatParams, optim: FlatAdamW) {
+        self.optim.load_flat(&optim, &self.device);
+        self.pending = None;
+    }
+
+    fn set_bucket_all_reduce(
+        &mut self,
+        reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
+    ) -> Result<(), TrainError> {
+        self.reducer = reducer;
+        Ok(())
+    }
+}

@@ -1,0 +1,106 @@
+//! The host placement: parameters, gradients and AdamW state as flat `f32`
+//! buffers in host memory (the CPU fast path). Gradients leave their tensors
+//! on the micro-batches' threads, are summed and all-reduced as buffers
+//! (`all_reduce_fused`), clipped and applied on rayon's threads, then written
+//! back into the model.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use drove_comm::ReduceOptions;
+use drove_comm::fusion::all_reduce_fused;
+
+use super::{Pass, PlacementStep, UpdateSettings, accumulate, phase};
+use crate::TrainError;
+use crate::device::BucketAllReduce;
+use crate::flat::{FlatAdamW, FlatParams, clip_global_norm, global_norm, take_gradients};
+use crate::micro::{MicroBatches, add_into};
+use crate::replica::PhaseTimes;
+
+/// [`FlatParams`] and [`FlatAdamW`], and the gradients summed since the last
+/// update as flat buffers in module order.
+pub(crate) struct HostPlacement<B: AutodiffBackend> {
+    params: FlatParams,
+    optim: FlatAdamW,
+    device: B::Device,
+    pending: Option<Vec<Vec<f32>>>,
+}
+
+impl<B: AutodiffBackend> HostPlacement<B> {
+    pub(crate) fn new(params: FlatParams, optim: FlatAdamW, device: &B::Device) -> Self {
+        HostPlacement { params, optim, device: device.clone(), pending: None }
+    }
+}
+
+impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for HostPlacement<B> {
+    fn backward(
+        &mut self,
+        micro: &MicroBatches,
+        jobs: Vec<(Range<usize>, M)>,
+        pass: &Pass<'_, M>,
+    ) -> Result<f64, TrainError> {
+        let add = |sum: &mut Vec<Vec<f32>>, more: Vec<Vec<f32>>| add_into(sum, &more);
+        accumulate(micro, jobs, pass, |model, grads| take_gradients(model, grads), add, &mut self.pending)
+    }
+
+    fn has_gradients(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    fn discard_gradients(&mut self) {
+        self.pending = None;
+    }
+
+    fn local_gradient(&self, index: usize) -> Option<Result<Vec<f32>, TrainError>> {
+        self.pending.as_ref()?.get(index).cloned().map(Ok)
+    }
+
+    fn update(
+        &mut self,
+        model: M,
+        u: &UpdateSettings<'_>,
+        times: &mut PhaseTimes,
+    ) -> (M, Result<f64, TrainError>) {
+        let Some(mut flat) = self.pending.take() else {
+            return (model, Err(TrainError::Options("apply needs a backward pass first".into())));
+        };
+        let reduced = phase(u.timeline, "gradient all-reduce", &mut times.all_reduce, || {
+            let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
+            all_reduce_fused(u.comm, "gradients", &mut refs, ReduceOptions::average(), u.fusion)
+        });
+        if let Err(e) = reduced {
+            return (model, Err(e.into()));
+        }
+        let norm = phase(u.timeline, "clip", &mut times.clip, || {
+            if u.clip > 0.0 { clip_global_norm(&mut flat, u.clip) } else { global_norm(&flat) }
+        });
+        let model = phase(u.timeline, "optimizer", &mut times.update, || {
+            self.optim.update(&mut self.params, &flat, u.lr);
+            self.params.write(model, &self.device)
+        });
+        (model, Ok(norm))
+    }
+
+    fn steps(&self) -> u64 {
+        self.optim.step
+    }
+
+    fn host_state(&self, _model: &M) -> Result<(Cow<'_, FlatParams>, Cow<'_, FlatAdamW>), TrainError> {
+        Ok((Cow::Borrowed(&self.params), Cow::Borrowed(&self.optim)))
+    }
+
+    fn restore(&mut self, params: FlatParams, optim: FlatAdamW) {
+        (self.params, self.optim, self.pending) = (params, optim, None);
+    }
+
+    fn set_bucket_all_reduce(
+        &mut self,
+        _reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
+    ) -> Result<(), TrainError> {
+        Err(TrainError::Options(
+            "a bucket all-reduce replaces host staging of the backend placement only".into(),
+        ))
+    }
+}
