@@ -7,7 +7,8 @@
 #   bash bench/placement.sh BASELINE_COMMIT [ROUNDS] [STEPS]   (default 3 rounds of 60 steps)
 #
 # The baseline is built from a worktree of BASELINE_COMMIT into this target
-# folder (dependencies shared), its binary copied to target/bench-baseline/drove.
+# folder (dependencies shared: only the drove crates build twice), its binary
+# copied to target/bench-baseline/drove.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 base=${1:?usage: bench/placement.sh BASELINE_COMMIT [ROUNDS] [STEPS]}
@@ -19,8 +20,8 @@ mkdir -p target/bench-baseline
 if [ ! -x target/bench-baseline/drove ] || [ "$(cat target/bench-baseline/commit 2>/dev/null)" != "$base" ]; then
     tree=$(mktemp -d)
     git worktree add --detach "$tree" "$base" >/dev/null
-    (cd "$tree" && CARGO_TARGET_DIR="$OLDPWD/target/bench-baseline/target" cargo build --release --locked -p drove-cli)
-    cp target/bench-baseline/target/release/drove target/bench-baseline/drove
+    (cd "$tree" && CARGO_TARGET_DIR="$OLDPWD/target" cargo build --release --locked -p drove-cli)
+    cp target/release/drove target/bench-baseline/drove
     echo "$base" > target/bench-baseline/commit
     git worktree remove --force "$tree"
     cargo build --release --locked -p drove-cli
