@@ -67,22 +67,17 @@ impl Gpu {
             use drove_train::cuda::Cuda;
             type Reducer = Box<dyn drove_train::device::BucketAllReduce<Cuda>>;
             #[cfg(feature = "nccl")]
-            let reducer: Option<Reducer> = if comm.world_size() > 1 {
-                let buckets = drove_train::cuda::NcclBuckets::connect(
-                    comm,
-                    self.ordinal,
-                    self.device.clone(),
-                    drove_nccl::DeviceOptions::default(),
-                )?;
-                observer.note(&format!(
-                    "rank {}: gradient all-reduce by {}",
-                    comm.rank(),
-                    buckets.describe()
-                ));
-                Some(Box::new(buckets))
-            } else {
-                None
-            };
+            let reducer: Option<Reducer> = drove_train::cuda::gradient_reducer(
+                comm,
+                self.ordinal,
+                self.device.clone(),
+                drove_nccl::DeviceOptions::default(),
+            )?
+            .map(|buckets| {
+                let by = buckets.describe();
+                observer.note(&format!("rank {}: gradient all-reduce by {by}", comm.rank()));
+                Box::new(buckets) as Reducer
+            });
             #[cfg(not(feature = "nccl"))]
             let reducer: Option<Reducer> = None;
             drove_ner::train_ner_with::<burn::backend::Autodiff<Cuda>>(

@@ -21,6 +21,21 @@ pub struct NcclBuckets {
     device: CudaDevice,
 }
 
+/// The gradient all-reduce of a replica on GPU `ordinal` (burn's `device`
+/// for it), for `Replica::with_bucket_all_reduce`: NCCL buckets when `mesh`
+/// has more than one rank, `None` alone (there is nothing to reduce).
+pub fn gradient_reducer(
+    mesh: &dyn Collective,
+    ordinal: usize,
+    device: CudaDevice,
+    opts: DeviceOptions,
+) -> Result<Option<NcclBuckets>, TrainError> {
+    if mesh.world_size() < 2 {
+        return Ok(None);
+    }
+    NcclBuckets::connect(mesh, ordinal, device, opts).map(Some)
+}
+
 impl NcclBuckets {
     /// Joins an NCCL communicator of every rank of `mesh` on GPU `ordinal`
     /// (burn's `device` for it).

@@ -178,6 +178,6 @@ mod buckets;
 mod in_place;
 
 #[cfg(feature = "nccl")]
-pub use buckets::NcclBuckets;
+pub use buckets::{NcclBuckets, gradient_reducer};
 #[cfg(feature = "nccl")]
 pub use in_place::{CaseCheck, CaseKind, InPlaceCase, InPlaceReport, check_in_place};
