@@ -245,24 +245,6 @@ mod parse {
         }
     }
 
-    /// A finite number of at least `min`, named `flag` in the error (NaN,
-    /// infinities and values below `min` are refused).
-    pub fn finite_at_least(s: &str, min: f64, flag: &str) -> Result<f64, String> {
-        let x: f64 = s.trim().parse().map_err(|_| format!("{flag} must be a number, found {s:?}"))?;
-        if x.is_finite() && x >= min {
-            Ok(x)
-        } else {
-            Err(format!("{flag} must be a finite number of at least {min}, found {x}"))
-        }
-    }
-
-    /// A fraction in [0, 1], named `flag` in the error.
-    pub fn fraction(s: &str, flag: &str) -> Result<f64, String> {
-        let x: f64 =
-            s.trim().parse().map_err(|_| format!("{flag} must be a number in [0, 1], found {s:?}"))?;
-        if (0.0..=1.0).contains(&x) { Ok(x) } else { Err(format!("{flag} must be in [0, 1], found {x}")) }
-    }
-
     /// A timeout in seconds: finite and above 0.
     pub fn positive_secs(s: &str) -> Result<f64, String> {
         let x = seconds(s)?;

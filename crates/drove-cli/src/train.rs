@@ -1,9 +1,9 @@
 //! `drove train ner`: fine-tunes a BERT for NER on CoNLL-format data, alone or as
 //! one rank under `drove run --np N`; and `drove bench train`, its throughput.
 //!
-//! Under a launcher the ranks join through `Communicator::from_env` and stream
-//! their metrics to the coordinator (`DROVE_COORDINATOR`); alone, the run is a
-//! world of one. Rank 0 shows progress (a bar on a terminal, a line every
+//! Under a launcher the ranks read their `drove_launch::LaunchEnv`, join
+//! through its communicator and stream their metrics to the coordinator;
+//! alone, the run is a world of one. Rank 0 shows progress (a bar on a terminal, a line every
 //! `--log-every` steps otherwise), writes checkpoints and predictions under
 //! `--out`, and prints the summary.
 
@@ -14,117 +14,32 @@ use std::time::Instant;
 use anyhow::{Context, anyhow};
 use burn::backend::{Autodiff, Flex};
 use clap::Args;
-use drove_collate::MaskSeeding;
 use drove_comm::SingleProcess;
 use drove_launch::{LaunchEnv, Progress, ProgressMode, Start};
-use drove_metrics::MetricsRecorder;
 use drove_ner::{
-    DiagnoseReport, EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner,
+    DiagnoseReport, EvalReport, MetricsObserver, NerError, NerOptions, NerSummary, Observer, StepReport,
+    train_ner,
 };
 use drove_train::Placement;
-use drove_train::flat::AdamWSettings;
 use drove_train::gpu::DeviceChoice;
-use drove_train::schedule::LrScaling;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::process::ExitCode;
 
-use crate::{gpu, parse};
+use crate::gpu;
 
 type Backend = Autodiff<Flex>;
 
-/// Settings of `drove train ner`.
+/// Settings of `drove train ner`: the fine-tune's options (their flags are
+/// drove-ner's, feature `clap`), and what only the command decides.
 #[derive(Debug, Args)]
 pub struct NerArgs {
-    /// Folder with train.txt, valid.txt and test.txt (CoNLL-2003 format).
-    #[arg(long, value_name = "DIR", default_value = "assets/conll2003")]
-    data: PathBuf,
-    /// Folder with config.json, model.safetensors and vocab.txt (HuggingFace layout).
-    #[arg(long, value_name = "DIR", default_value = "assets/minilm")]
-    model: PathBuf,
-    /// Output folder: checkpoints (with predictions beside them) and summary.json.
-    #[arg(long, value_name = "DIR", default_value = "runs/ner")]
-    out: PathBuf,
-    /// Epochs.
-    #[arg(long, default_value_t = 3, value_parser = |s: &str| parse::at_least(s, 1, "--epochs", ""))]
-    epochs: usize,
-    /// Sentences per batch on each rank.
-    #[arg(long, value_name = "PER_RANK", default_value_t = 32,
-          value_parser = |s: &str| parse::at_least(s, 1, "--batch-size", ""))]
-    batch_size: usize,
-    /// Peak learning rate for one rank (scaled by --lr-scaling with the world size).
-    #[arg(long, default_value_t = 5e-5, allow_negative_numbers = true,
-          value_parser = |s: &str| parse::finite_at_least(s, 0.0, "--lr"))]
-    lr: f64,
-    /// How the learning rate grows with the world size: none, linear (Horovod) or sqrt.
-    #[arg(long, default_value = "linear")]
-    lr_scaling: LrScaling,
-    /// Fraction of the steps spent warming the learning rate up.
-    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true,
-          value_parser = |s: &str| parse::fraction(s, "--warmup"))]
-    warmup: f64,
-    /// AdamW weight decay (not applied to biases and LayerNorm weights).
-    #[arg(long, default_value_t = 0.01, allow_negative_numbers = true,
-          value_parser = |s: &str| parse::finite_at_least(s, 0.0, "--weight-decay"))]
-    weight_decay: f64,
-    /// Clip the gradients' global norm to this (0: no clipping).
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true,
-          value_parser = |s: &str| parse::finite_at_least(s, 0.0, "--clip-norm"))]
-    clip_norm: f64,
-    /// Truncate sentences to this many tokens.
-    #[arg(long, default_value_t = 128, value_parser = |s: &str| parse::at_least(s, 3, "--max-len", ""))]
-    max_len: usize,
-    /// Keep the case of words (for cased models; MiniLM is uncased).
-    #[arg(long)]
-    cased: bool,
-    /// Mask each token with this probability as augmentation (0: none).
-    #[arg(long, value_name = "P", default_value_t = 0.0, allow_negative_numbers = true,
-          value_parser = |s: &str| parse::fraction(s, "--augment-mask"))]
-    augment_mask: f64,
-    /// How masks are seeded: derived (per sample, the default), per-worker, or
-    /// naive (the bug: every rank and worker the same stream).
-    #[arg(long, default_value = "derived", value_parser = parse::seeding)]
-    seeding: MaskSeeding,
-    /// Base seed.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
+    #[command(flatten)]
+    options: NerOptions,
     /// Every N steps, compare the ranks' masks and local gradients (0: never)
     /// [default: 50 with --augment-mask above 0 on more than one rank, else 0].
     #[arg(long, value_name = "N")]
     diagnose_every: Option<usize>,
-    /// Write a Horovod-style timeline of every rank's steps to FILE (Chrome
-    /// trace-event JSON: open it in Perfetto or chrome://tracing) [env: DROVE_TIMELINE].
-    #[arg(long, value_name = "FILE")]
-    timeline: Option<PathBuf>,
-    /// What the diversity alarm does when a diagnosed step's masks are identical
-    /// across ranks: warn once, or fail the run at that step (exit code 3).
-    #[arg(long, value_name = "warn|fail", default_value = "warn")]
-    on_identical_masks: MaskAlarm,
-    /// The parameter whose local gradients --diagnose-every compares.
-    #[arg(long, value_name = "NAME", default_value = "bert.layers.last.query.weight")]
-    diagnose_parameter: String,
-    /// Train on the first N sentences only.
-    #[arg(long, value_name = "N")]
-    max_train_sentences: Option<usize>,
-    /// Evaluate on the first N sentences of each set only.
-    #[arg(long, value_name = "N")]
-    max_eval_sentences: Option<usize>,
-    /// Sets to evaluate after every epoch (comma-separated; empty for none).
-    #[arg(long, value_name = "SETS", default_value = "valid,test", value_delimiter = ',')]
-    eval: Vec<String>,
-    /// Also checkpoint every N steps within an epoch (0: at epoch ends only).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    checkpoint_every: usize,
-    /// Loader threads per rank.
-    #[arg(long, default_value_t = 2, value_parser = |s: &str| parse::at_least(s, 1, "--workers", ""))]
-    workers: usize,
-    /// Sort windows of N batches by length to cut padding (0: off).
-    #[arg(long, value_name = "N", default_value_t = 16)]
-    bucket_window: usize,
-    /// Split each rank's batch into N micro-batches run at once, one per
-    /// thread, their gradients summed (0: one per thread of the rank).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    micro_batches: usize,
     /// Where parameters and optimizer state live: host (flat buffers, the CPU
     /// fast path) or backend (tensors on the backend's device, the GPU path).
     /// Default: host on the CPU, backend on a GPU.
@@ -135,16 +50,6 @@ pub struct NerArgs {
     /// drove built with `--features cuda,nccl`.
     #[arg(long, default_value = "cpu")]
     device: DeviceChoice,
-    /// Dropout for every layer, overriding config.json (0 for exact comparisons).
-    #[arg(long, value_name = "P", allow_negative_numbers = true,
-          value_parser = |s: &str| parse::fraction(s, "--dropout"))]
-    dropout: Option<f64>,
-    /// Continue from the latest checkpoint under --out.
-    #[arg(long)]
-    resume: bool,
-    /// Stop after N steps in this process (the schedule still spans the whole run).
-    #[arg(long, value_name = "N")]
-    max_steps: Option<u64>,
     /// Show progress every N steps when not on a terminal.
     #[arg(long, value_name = "N", default_value_t = 10)]
     log_every: u64,
@@ -162,40 +67,20 @@ pub struct NerArgs {
 }
 
 impl NerArgs {
+    /// The options as given, with what the command resolves: the diagnostic's
+    /// interval (0 unless given; `ner` turns it on where the alarm can go off),
+    /// no empty evaluation set (`--eval ""` is none), and the device's own
+    /// placement and micro-batches. (`ner` adds the launch environment's
+    /// `DROVE_TIMELINE` for a `--timeline` not given.)
     fn options(&self) -> NerOptions {
+        let opts = &self.options;
         NerOptions {
-            data: self.data.clone(),
-            model: self.model.clone(),
-            out: self.out.clone(),
-            epochs: self.epochs,
-            batch_size: self.batch_size,
-            lr: self.lr,
-            lr_scaling: self.lr_scaling,
-            warmup_fraction: self.warmup,
-            adamw: AdamWSettings { weight_decay: self.weight_decay, ..AdamWSettings::default() },
-            clip_norm: self.clip_norm,
-            max_len: self.max_len,
-            lowercase: !self.cased,
-            augment_mask: self.augment_mask,
-            seeding: self.seeding,
-            seed: self.seed,
             diagnose_every: self.diagnose_every.unwrap_or(0),
-            on_identical_masks: self.on_identical_masks,
-            // DROVE_TIMELINE, from the launch environment, when the flag is not given.
-            timeline: self.timeline.clone(),
-            diagnose_parameter: self.diagnose_parameter.clone(),
-            max_train_sentences: self.max_train_sentences,
-            max_eval_sentences: self.max_eval_sentences,
-            eval_sets: self.eval.iter().filter(|s| !s.is_empty()).cloned().collect(),
-            checkpoint_every: self.checkpoint_every,
-            workers: self.workers,
-            micro_batches: micro_batches(self.micro_batches, self.device),
+            timeline: opts.timeline.clone(),
+            eval_sets: opts.eval_sets.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            micro_batches: micro_batches(opts.micro_batches, self.device),
             placement: placement(self.placement, self.device),
-            bucket_window: self.bucket_window,
-            dropout: self.dropout,
-            resume: self.resume,
-            max_steps: self.max_steps,
-            random_init: false,
+            ..opts.clone()
         }
     }
 }
@@ -218,20 +103,89 @@ fn micro_batches(asked: usize, device: DeviceChoice) -> usize {
     }
 }
 
-/// Progress on rank 0 and metrics on every rank.
+/// Progress on rank 0 (a bar, log lines or the launcher's progress lines)
+/// and, through drove-ner's `MetricsObserver`, metrics on every rank.
 struct Reporter {
+    progress: RankProgress,
+    metrics: Option<MetricsObserver>,
+    fail_at: Option<(u64, usize)>,
+}
+
+impl Reporter {
+    /// The events the coordinator did not take, as warnings.
+    fn warn_undelivered(&mut self) {
+        if let Some(m) = &mut self.metrics {
+            for e in m.take_errors() {
+                self.progress.say(&format!("warning: {e}"));
+            }
+        }
+    }
+}
+
+impl Observer for Reporter {
+    fn started(&mut self, done: u64, total: u64) {
+        self.progress.started(done, total);
+    }
+
+    fn step(&mut self, r: &StepReport) {
+        if self.fail_at == Some((r.step, self.progress.rank)) {
+            if let Some(m) = &self.metrics {
+                let _ = m.recorder().flush(std::time::Duration::from_secs(30));
+            }
+            eprintln!(
+                "rank {}: killing itself with SIGKILL after step {} (--fail-at-step)",
+                self.progress.rank, r.step
+            );
+            // SAFETY: kill(2) on this process; nothing is left to clean up.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+        if let Some(m) = &mut self.metrics {
+            m.step(r);
+        }
+        self.progress.step(r);
+    }
+
+    fn evaluated(&mut self, r: &EvalReport) {
+        if let Some(m) = &mut self.metrics {
+            m.evaluated(r);
+        }
+        self.progress.evaluated(r);
+    }
+
+    fn diagnosed(&mut self, r: &DiagnoseReport) {
+        if let Some(m) = &mut self.metrics {
+            m.diagnosed(r);
+        }
+        self.progress.diagnosed(r);
+    }
+
+    fn alarm(&mut self, r: &DiagnoseReport) {
+        self.progress.alarm(r);
+        if let Some(m) = &mut self.metrics {
+            m.alarm(r);
+        }
+        self.warn_undelivered();
+    }
+
+    fn note(&mut self, message: &str) {
+        self.progress.note(message);
+    }
+}
+
+/// What rank 0 shows as the run goes.
+struct RankProgress {
     rank: usize,
     bar: Option<ProgressBar>,
     log_every: u64,
-    metrics: Option<MetricsRecorder>,
     started: Instant,
-    fail_at: Option<(u64, usize)>,
     /// `drove run` draws the bar (`DROVE_PROGRESS=launcher`): rank 0 sends it
     /// progress lines instead of printing step lines.
     to_launcher: bool,
 }
 
-impl Reporter {
+impl RankProgress {
     fn say(&self, line: &str) {
         if self.rank != 0 {
             return;
@@ -241,17 +195,9 @@ impl Reporter {
             None => eprintln!("{line}"),
         }
     }
-
-    fn record(&self, step: u64, name: &str, value: f64) {
-        if let Some(m) = &self.metrics
-            && value.is_finite()
-        {
-            m.record(step as f64, name, value);
-        }
-    }
 }
 
-impl Observer for Reporter {
+impl Observer for RankProgress {
     fn started(&mut self, done: u64, total: u64) {
         if self.rank == 0 && self.to_launcher {
             Progress::at(done, total).send();
@@ -268,25 +214,6 @@ impl Observer for Reporter {
     }
 
     fn step(&mut self, r: &StepReport) {
-        if self.fail_at == Some((r.step, self.rank)) {
-            if let Some(m) = &self.metrics {
-                let _ = m.flush(std::time::Duration::from_secs(30));
-            }
-            eprintln!(
-                "rank {}: killing itself with SIGKILL after step {} (--fail-at-step)",
-                self.rank, r.step
-            );
-            // SAFETY: kill(2) on this process; nothing is left to clean up.
-            unsafe {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
-        }
-        self.record(r.step, "loss", r.loss);
-        self.record(r.step, "lr", r.lr);
-        self.record(r.step, "grad_norm", r.grad_norm);
-        self.record(r.step, "sentences_per_s", r.sentences_per_s);
-        self.record(r.step, "tokens_per_s", r.tokens_per_s);
-        self.record(r.step, "epoch", r.epoch as f64);
         if self.rank != 0 {
             return;
         }
@@ -321,9 +248,6 @@ impl Observer for Reporter {
     }
 
     fn evaluated(&mut self, r: &EvalReport) {
-        self.record(r.step, &format!("{}_f1", r.set), r.f1);
-        self.record(r.step, &format!("{}_precision", r.set), r.precision);
-        self.record(r.step, &format!("{}_recall", r.set), r.recall);
         self.say(&format!(
             "epoch {} {}: entity F1 {:.4} (precision {:.4}, recall {:.4}; tp {} fp {} fn {})",
             r.epoch, r.set, r.f1, r.precision, r.recall, r.tp, r.fp, r.fn_
@@ -331,10 +255,6 @@ impl Observer for Reporter {
     }
 
     fn diagnosed(&mut self, r: &DiagnoseReport) {
-        self.record(r.step, "mask_agreement", r.mask_agreement);
-        self.record(r.step, "mask_agreement_expected", r.mask_expected);
-        self.record(r.step, "mask_agreement_sigma", r.mask_sigma);
-        self.record(r.step, "grad_cosine", r.grad_cosine);
         self.say(&format!(
             "step {}: mask agreement {:.4}, gradient cosine {:.4}",
             r.step, r.mask_agreement, r.grad_cosine
@@ -342,18 +262,7 @@ impl Observer for Reporter {
     }
 
     fn alarm(&mut self, r: &DiagnoseReport) {
-        self.record(r.step, "diversity_alarm", 1.0);
-        if self.rank != 0 {
-            return;
-        }
-        let message = r.masks.explain();
-        self.say(&format!("warning: diversity alarm at step {}: {message}", r.step));
-        if let Some(m) = &self.metrics
-            && let Err(e) =
-                m.event(r.step as f64, "diversity_alarm", &message, std::time::Duration::from_secs(10))
-        {
-            self.say(&format!("warning: {e}"));
-        }
+        self.say(&format!("warning: diversity alarm at step {}: {}", r.step, r.masks.explain()));
     }
 
     fn note(&mut self, message: &str) {
@@ -418,19 +327,11 @@ fn close_metrics(reporter: &mut Reporter, rank: usize) {
 }
 
 /// The run's settings as an `options` event of the run (what `drove report`
-/// shows in its header): the options as resolved, the world size and the
-/// restart, as one JSON object.
+/// shows in its header).
 fn record_options(reporter: &Reporter, opts: &NerOptions, world_size: usize, restart: u32) {
     let Some(m) = &reporter.metrics else { return };
-    let mut options = serde_json::to_value(opts).unwrap_or_default();
-    if let Some(o) = options.as_object_mut() {
-        // The name `--seeding` takes, not the enum's.
-        o.insert("seeding".into(), opts.seeding.name().into());
-        o.insert("world_size".into(), world_size.into());
-        o.insert("restart".into(), restart.into());
-    }
-    if let Err(e) = m.event(0.0, "options", &options.to_string(), std::time::Duration::from_secs(10)) {
-        reporter.say(&format!("warning: recording the run's options: {e}"));
+    if let Err(e) = m.record_options(opts, world_size, restart) {
+        reporter.progress.say(&format!("warning: recording the run's options: {e}"));
     }
 }
 
@@ -442,7 +343,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     }
     // Restarted by `drove run --max-restarts`: go on from the latest checkpoint.
     let restart = launch.restart_count;
-    if launch.start(&args.out.join("checkpoints").join("latest")) == Start::Resume {
+    if launch.start(&opts.out.join("checkpoints").join("latest")) == Start::Resume {
         opts.resume = true;
     }
     // Before joining the other ranks: a missing GPU fails at once.
@@ -450,19 +351,21 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     let comm = launch.communicator()?;
     let rank = comm.rank();
     // The diversity alarm is on by default wherever it can go off.
-    if args.diagnose_every.is_none() && args.augment_mask > 0.0 && comm.world_size() > 1 {
+    if args.diagnose_every.is_none() && opts.augment_mask > 0.0 && comm.world_size() > 1 {
         opts.diagnose_every = DEFAULT_DIAGNOSE_EVERY;
     }
     let metrics = launch.metrics(rank)?;
     let mut reporter = Reporter {
-        rank,
-        bar: None,
-        log_every: args.log_every,
-        metrics,
-        started: Instant::now(),
+        progress: RankProgress {
+            rank,
+            bar: None,
+            log_every: args.log_every,
+            started: Instant::now(),
+            to_launcher: launch.progress == ProgressMode::Launcher,
+        },
+        metrics: metrics.map(|m| MetricsObserver::new(m, rank)),
         // A failure to test restarts with happens in the first attempt only.
         fail_at: args.fail_at_step.filter(|_| restart == 0).map(|s| (s, args.rank_to_fail)),
-        to_launcher: launch.progress == ProgressMode::Launcher,
     };
     if rank == 0 {
         record_options(&reporter, &opts, comm.world_size(), restart);
@@ -480,7 +383,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(anyhow!("rank {rank}: {e}")),
     };
-    if let Some(bar) = reporter.bar.take() {
+    if let Some(bar) = reporter.progress.bar.take() {
         bar.finish_and_clear();
     }
     close_metrics(&mut reporter, rank);
@@ -630,4 +533,42 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report).expect("json"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        args: NerArgs,
+    }
+
+    fn options(flags: &[&str]) -> NerOptions {
+        let opts = Flags::parse_from(std::iter::once("ner").chain(flags.iter().copied())).args.options();
+        // What the environment adds is not the flags' doing.
+        NerOptions {
+            timeline: opts.timeline.filter(|_| std::env::var_os("DROVE_TIMELINE").is_none()),
+            ..opts
+        }
+    }
+
+    #[test]
+    fn no_flags_are_the_default_options() {
+        assert_eq!(options(&[]), NerOptions::default());
+    }
+
+    #[test]
+    fn the_command_resolves_what_only_it_knows() {
+        let opts = options(&["--eval", "", "--diagnose-every", "5", "--device", "cpu"]);
+        assert_eq!(opts.eval_sets, Vec::<String>::new());
+        assert_eq!(opts.diagnose_every, 5);
+        assert_eq!(opts.placement, Placement::Host);
+        assert_eq!(opts.micro_batches, 0);
+        let gpu = options(&["--device", "cuda"]);
+        assert_eq!((gpu.placement, gpu.micro_batches), (Placement::Backend, 1));
+    }
 }

@@ -1,0 +1,69 @@
+//! What stops a fine-tune.
+
+use std::path::PathBuf;
+
+use drove_train::checkpoint;
+
+/// A fine-tune that cannot start or could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum NerError {
+    /// A missing asset folder or file.
+    #[error("{what} {path} does not exist{hint}")]
+    Missing {
+        /// What was expected.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// How to get it.
+        hint: String,
+    },
+    /// Bad data.
+    #[error(transparent)]
+    Data(#[from] drove_collate::ConllError),
+    /// Tokenization failed.
+    #[error("{path}: {source}")]
+    Tokenize {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: drove_collate::TokenizeError,
+    },
+    /// A bad model.
+    #[error(transparent)]
+    Model(#[from] drove_bert::BertError),
+    /// Bad settings.
+    #[error("invalid option: {0}")]
+    Options(String),
+    /// The loader failed.
+    #[error(transparent)]
+    Loader(#[from] drove_collate::LoaderError),
+    /// An evaluation batch could not be formed.
+    #[error(transparent)]
+    Collate(#[from] drove_collate::CollateError),
+    /// A collective failed (a rank died or disagreed).
+    #[error(transparent)]
+    Comm(#[from] drove_comm::CommError),
+    /// A step failed.
+    #[error(transparent)]
+    Train(#[from] drove_train::TrainError),
+    /// The diversity alarm with `--on-identical-masks fail`: every rank
+    /// stopped at a diagnosed step whose masks were identical across ranks.
+    #[error("the diversity alarm stopped the run at {message}")]
+    IdenticalMasks {
+        /// The step.
+        step: u64,
+        /// The step and what the alarm means.
+        message: String,
+    },
+    /// A checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    /// An output file could not be written.
+    #[error("{path}: {message}")]
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+}

@@ -1,0 +1,154 @@
+//! The metrics of a fine-tune: [`MetricsObserver`] records what the loop
+//! reports as metric points of the run on a coordinator (feature `metrics`).
+
+use std::time::Duration;
+
+use drove_metrics::{Delivery, MetricsRecorder, RecorderError};
+
+use crate::{DiagnoseReport, EvalReport, NerOptions, Observer, StepReport};
+
+/// How long an event of the run (the options, the diversity alarm) may wait
+/// for the coordinator.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An [`Observer`] that records every rank's steps, evaluations and
+/// diagnostics as metric points through a [`MetricsRecorder`], and rank 0's
+/// diversity alarm as an event of the run.
+///
+/// It prints nothing: an event the coordinator did not take is kept for the
+/// caller ([`MetricsObserver::take_errors`]), and a program that shows
+/// progress composes this with an observer of its own.
+#[derive(Debug)]
+pub struct MetricsObserver {
+    recorder: MetricsRecorder,
+    rank: usize,
+    errors: Vec<RecorderError>,
+}
+
+impl MetricsObserver {
+    /// Records to `recorder` as rank `rank`.
+    pub fn new(recorder: MetricsRecorder, rank: usize) -> Self {
+        MetricsObserver { recorder, rank, errors: Vec::new() }
+    }
+
+    /// The recorder (to flush it before a deliberate exit, say).
+    pub fn recorder(&self) -> &MetricsRecorder {
+        &self.recorder
+    }
+
+    /// The events the coordinator did not take since the last call.
+    pub fn take_errors(&mut self) -> Vec<RecorderError> {
+        std::mem::take(&mut self.errors)
+    }
+
+    /// The run's settings as its `options` event (what `drove report` shows
+    /// in its header): `opts` as resolved, with the world size and the
+    /// restart, as one JSON object.
+    pub fn record_options(
+        &self,
+        opts: &NerOptions,
+        world_size: usize,
+        restart: u32,
+    ) -> Result<(), RecorderError> {
+        let mut options = serde_json::to_value(opts).unwrap_or_default();
+        if let Some(o) = options.as_object_mut() {
+            // The name `--seeding` takes, not the enum's.
+            o.insert("seeding".into(), opts.seeding.name().into());
+            o.insert("world_size".into(), world_size.into());
+            o.insert("restart".into(), restart.into());
+        }
+        self.recorder.event(0.0, "options", &options.to_string(), EVENT_TIMEOUT)
+    }
+
+    /// Stops recording and says what became of the points
+    /// ([`MetricsRecorder::close`]).
+    pub fn close(self) -> Delivery {
+        self.recorder.close()
+    }
+
+    /// A point, unless the value is NaN or infinite.
+    fn record(&self, step: u64, name: &str, value: f64) {
+        if value.is_finite() {
+            self.recorder.record(step as f64, name, value);
+        }
+    }
+}
+
+impl Observer for MetricsObserver {
+    fn step(&mut self, r: &StepReport) {
+        self.record(r.step, "loss", r.loss);
+        self.record(r.step, "lr", r.lr);
+        self.record(r.step, "grad_norm", r.grad_norm);
+        self.record(r.step, "sentences_per_s", r.sentences_per_s);
+        self.record(r.step, "tokens_per_s", r.tokens_per_s);
+        self.record(r.step, "epoch", r.epoch as f64);
+    }
+
+    fn evaluated(&mut self, r: &EvalReport) {
+        self.record(r.step, &format!("{}_f1", r.set), r.f1);
+        self.record(r.step, &format!("{}_precision", r.set), r.precision);
+        self.record(r.step, &format!("{}_recall", r.set), r.recall);
+    }
+
+    fn diagnosed(&mut self, r: &DiagnoseReport) {
+        self.record(r.step, "mask_agreement", r.mask_agreement);
+        self.record(r.step, "mask_agreement_expected", r.mask_expected);
+        self.record(r.step, "mask_agreement_sigma", r.mask_sigma);
+        self.record(r.step, "grad_cosine", r.grad_cosine);
+    }
+
+    /// A point on every rank; the event (with what the alarm means) once, from
+    /// rank 0.
+    fn alarm(&mut self, r: &DiagnoseReport) {
+        self.record(r.step, "diversity_alarm", 1.0);
+        if self.rank == 0
+            && let Err(e) =
+                self.recorder.event(r.step as f64, "diversity_alarm", &r.masks.explain(), EVENT_TIMEOUT)
+        {
+            self.errors.push(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use drove_metrics::RecorderOptions;
+
+    use super::*;
+
+    #[test]
+    fn steps_and_evaluations_become_points_but_not_nan() {
+        // Nothing listens there: points are recorded and wait, undelivered.
+        let options =
+            RecorderOptions { flush_timeout: Duration::from_millis(10), ..RecorderOptions::default() };
+        let recorder = MetricsRecorder::new("127.0.0.1:9", None, "test", 0, options).expect("a recorder");
+        let mut observer = MetricsObserver::new(recorder, 0);
+        let step = StepReport {
+            step: 1,
+            total_steps: 2,
+            epoch: 1,
+            loss: f64::NAN,
+            lr: 1e-4,
+            grad_norm: 0.5,
+            sentences_per_s: 10.0,
+            tokens_per_s: 100.0,
+            phases: drove_train::PhaseTimes::default(),
+        };
+        observer.step(&step);
+        assert_eq!(observer.recorder().delivery().recorded, 5, "every field but the NaN loss");
+        let eval = EvalReport {
+            set: "test".into(),
+            epoch: 1,
+            step: 2,
+            tp: 1,
+            fp: 0,
+            fn_: 0,
+            precision: 1.0,
+            recall: 1.0,
+            f1: 1.0,
+            sentences: 1,
+        };
+        observer.evaluated(&eval);
+        assert_eq!(observer.close().recorded, 8);
+    }
+}

@@ -1,0 +1,49 @@
+//! What the loop tells its caller as it goes.
+
+use crate::{DiagnoseReport, EvalReport};
+
+/// One optimiser step, as seen by one rank.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StepReport {
+    /// Optimiser steps taken so far (this one included).
+    pub step: u64,
+    /// Total steps of the run.
+    pub total_steps: u64,
+    /// Epoch.
+    pub epoch: usize,
+    /// Mean token loss of this rank's batch.
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Sentences per second across all ranks, over this step.
+    pub sentences_per_s: f64,
+    /// Real tokens per second across all ranks, over this step.
+    pub tokens_per_s: f64,
+    /// Time in each phase of the replica's step. On a GPU a phase ends at its
+    /// host sync (compute: each micro-batch's loss value; clip: the norm), so
+    /// the update's queued kernels are counted in the next step's compute.
+    pub phases: drove_train::PhaseTimes,
+}
+
+/// What the loop tells its caller as it goes (progress bars, metrics).
+pub trait Observer {
+    /// Before the first step: steps already done and in total.
+    fn started(&mut self, _done: u64, _total: u64) {}
+    /// After every step.
+    fn step(&mut self, _report: &StepReport) {}
+    /// After every evaluation.
+    fn evaluated(&mut self, _report: &EvalReport) {}
+    /// After every diagnostic comparison.
+    fn diagnosed(&mut self, _report: &DiagnoseReport) {}
+    /// The diversity alarm, once per run: the first diagnosed step whose masks
+    /// are not independent across ranks (identical, or anti-correlated).
+    fn alarm(&mut self, _report: &DiagnoseReport) {}
+    /// A line worth showing (loading, checkpoints).
+    fn note(&mut self, _message: &str) {}
+}
+
+/// An observer that ignores everything.
+pub struct Quiet;
+impl Observer for Quiet {}

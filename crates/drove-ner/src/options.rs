@@ -1,0 +1,339 @@
+//! The settings of a fine-tune: [`NerOptions`], one type for the library and
+//! the command line (with the `clap` feature it is also `drove train ner`'s
+//! flags, their help and their defaults).
+
+use std::path::PathBuf;
+
+use drove_collate::MaskSeeding;
+use drove_train::flat::AdamWSettings;
+use drove_train::micro::MicroBatches;
+use drove_train::schedule::LrScaling;
+use drove_train::{LossReduction, Placement, ReplicaOptions, Schedule};
+
+use crate::NerError;
+
+/// Everything a fine-tune needs to know.
+///
+/// With the `clap` feature these are also the flags of `drove train ner`, the
+/// doc comments their help. Where a flag is spelled apart from its field
+/// (`--cased` for `lowercase`, `--warmup`, `--weight-decay`, `--eval`) it says
+/// so; `diagnose_every`, `placement` and `random_init` are no flags here: their
+/// defaults depend on what only the command knows (the world size, the
+/// device), so it resolves them itself. [`NerOptions::default`] is parsing no
+/// flags (a test holds the two together).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct NerOptions {
+    /// Folder with train.txt, valid.txt and test.txt (CoNLL-2003 format).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR", default_value = "assets/conll2003"))]
+    pub data: PathBuf,
+    /// Folder with config.json, model.safetensors and vocab.txt (HuggingFace layout).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR", default_value = "assets/minilm"))]
+    pub model: PathBuf,
+    /// Output folder: checkpoints (with predictions beside them) and summary.json.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR", default_value = "runs/ner"))]
+    pub out: PathBuf,
+    /// Epochs.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 3,
+        value_parser = |s: &str| flags::at_least(s, 1, "--epochs")))]
+    pub epochs: usize,
+    /// Sentences per batch on each rank.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "PER_RANK", default_value_t = 32,
+        value_parser = |s: &str| flags::at_least(s, 1, "--batch-size")))]
+    pub batch_size: usize,
+    /// Peak learning rate for one rank (scaled by --lr-scaling with the world size).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 5e-5, allow_negative_numbers = true,
+        value_parser = |s: &str| flags::finite_at_least(s, 0.0, "--lr")))]
+    pub lr: f64,
+    /// How the learning rate grows with the world size: none, linear (Horovod) or sqrt.
+    #[cfg_attr(feature = "clap", arg(long, default_value = "linear"))]
+    pub lr_scaling: LrScaling,
+    /// Fraction of the steps spent warming the learning rate up.
+    #[cfg_attr(feature = "clap", arg(long = "warmup", value_name = "WARMUP", default_value_t = 0.1,
+        allow_negative_numbers = true, value_parser = |s: &str| flags::fraction(s, "--warmup")))]
+    pub warmup_fraction: f64,
+    /// AdamW settings; the flag `--weight-decay` sets the decay, the others
+    /// keep [`AdamWSettings::default`].
+    #[cfg_attr(feature = "clap", arg(long = "weight-decay", value_name = "WEIGHT_DECAY",
+        default_value = "0.01", allow_negative_numbers = true, value_parser = flags::weight_decay,
+        help = "AdamW weight decay (not applied to biases and LayerNorm weights)"))]
+    pub adamw: AdamWSettings,
+    /// Clip the gradients' global norm to this (0: no clipping).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 1.0, allow_negative_numbers = true,
+        value_parser = |s: &str| flags::finite_at_least(s, 0.0, "--clip-norm")))]
+    pub clip_norm: f64,
+    /// Truncate sentences to this many tokens.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 128,
+        value_parser = |s: &str| flags::at_least(s, 3, "--max-len")))]
+    pub max_len: usize,
+    /// Lowercase before WordPiece (uncased models such as MiniLM); the flag
+    /// `--cased` turns it off.
+    #[cfg_attr(feature = "clap", arg(long = "cased", action = clap::ArgAction::SetFalse,
+        help = "Keep the case of words (for cased models; MiniLM is uncased)"))]
+    pub lowercase: bool,
+    /// Mask each token with this probability as augmentation (0: none).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "P", default_value_t = 0.0,
+        allow_negative_numbers = true, value_parser = |s: &str| flags::fraction(s, "--augment-mask")))]
+    pub augment_mask: f64,
+    /// How masks are seeded: derived (per sample, the default), per-worker, or
+    /// naive (the bug: every rank and worker the same stream).
+    #[cfg_attr(feature = "clap", arg(long, default_value = "derived"))]
+    pub seeding: MaskSeeding,
+    /// Base seed.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 42))]
+    pub seed: u64,
+    /// Compare ranks' masks and gradients every N steps (0: never). No flag of
+    /// its own here: `drove train ner --diagnose-every` defaults to 50 where
+    /// the alarm can go off, which only the joined world tells.
+    #[cfg_attr(feature = "clap", arg(skip))]
+    pub diagnose_every: usize,
+    /// Write a Chrome trace-event timeline of every rank's steps here (rank 0
+    /// writes it at the end; see [`drove_train::timeline`]).
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            value_name = "FILE",
+            help = "Write a Horovod-style timeline of every rank's steps to FILE (Chrome \
+                trace-event JSON: open it in Perfetto or chrome://tracing) [env: DROVE_TIMELINE]"
+        )
+    )]
+    pub timeline: Option<PathBuf>,
+    /// What the diversity alarm does when a diagnosed step's masks are
+    /// identical across ranks: warn (the default) or fail the run.
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            value_name = "warn|fail",
+            default_value = "warn",
+            help = "What the diversity alarm does when a diagnosed step's masks are identical \
+                across ranks: warn once, or fail the run at that step (exit code 3)"
+        )
+    )]
+    pub on_identical_masks: MaskAlarm,
+    /// The parameter whose local gradients --diagnose-every compares.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "NAME", default_value = "bert.layers.last.query.weight")
+    )]
+    pub diagnose_parameter: String,
+    /// Train on the first N sentences only.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    pub max_train_sentences: Option<usize>,
+    /// Evaluate on the first N sentences of each set only.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    pub max_eval_sentences: Option<usize>,
+    /// Sets to evaluate after every epoch (comma-separated; empty for none).
+    #[cfg_attr(
+        feature = "clap",
+        arg(long = "eval", value_name = "SETS", default_value = "valid,test", value_delimiter = ',')
+    )]
+    pub eval_sets: Vec<String>,
+    /// Also checkpoint every N steps within an epoch (0: at epoch ends only).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 0))]
+    pub checkpoint_every: usize,
+    /// Loader threads per rank.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 2,
+        value_parser = |s: &str| flags::at_least(s, 1, "--workers")))]
+    pub workers: usize,
+    /// Sort windows of N batches by length to cut padding (0: off).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 16))]
+    pub bucket_window: usize,
+    /// Split each rank's batch into N micro-batches run at once, one per
+    /// thread, their gradients summed (0: one per thread of the rank).
+    // Dropout masks do not depend on the split, so only the order of
+    // floating-point sums does.
+    #[serde(default)]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 0))]
+    pub micro_batches: usize,
+    /// Where parameters and optimizer state live (host buffers or backend
+    /// tensors). No flag here: `drove train ner --placement` defaults to the
+    /// device's own.
+    #[serde(default)]
+    #[cfg_attr(feature = "clap", arg(skip))]
+    pub placement: Placement,
+    /// Dropout for every layer, overriding config.json (0 for exact comparisons).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "P", allow_negative_numbers = true,
+        value_parser = |s: &str| flags::fraction(s, "--dropout")))]
+    pub dropout: Option<f64>,
+    /// Continue from the latest checkpoint under --out.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub resume: bool,
+    /// Stop after N steps in this process (the schedule still spans the whole run).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    pub max_steps: Option<u64>,
+    /// Start from random weights of `config.json`'s shape instead of
+    /// `model.safetensors` (throughput where the weights are not at hand; no
+    /// flag of `drove train ner`).
+    #[serde(default)]
+    #[cfg_attr(feature = "clap", arg(skip))]
+    pub random_init: bool,
+}
+
+impl Default for NerOptions {
+    fn default() -> Self {
+        NerOptions {
+            data: PathBuf::from("assets/conll2003"),
+            model: PathBuf::from("assets/minilm"),
+            out: PathBuf::from("runs/ner"),
+            epochs: 3,
+            batch_size: 32,
+            lr: 5e-5,
+            lr_scaling: LrScaling::Linear,
+            warmup_fraction: 0.1,
+            adamw: AdamWSettings::default(),
+            clip_norm: 1.0,
+            max_len: 128,
+            lowercase: true,
+            augment_mask: 0.0,
+            seeding: MaskSeeding::PerSample,
+            seed: 42,
+            diagnose_every: 0,
+            on_identical_masks: MaskAlarm::Warn,
+            timeline: None,
+            diagnose_parameter: String::from("bert.layers.last.query.weight"),
+            max_train_sentences: None,
+            max_eval_sentences: None,
+            eval_sets: vec!["valid".into(), "test".into()],
+            checkpoint_every: 0,
+            workers: 2,
+            micro_batches: 0,
+            placement: Placement::Host,
+            bucket_window: 16,
+            dropout: None,
+            resume: false,
+            max_steps: None,
+            random_init: false,
+        }
+    }
+}
+
+/// What the diversity alarm does when masks are identical across ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MaskAlarm {
+    /// Warn once and go on.
+    #[default]
+    Warn,
+    /// Stop every rank at that step ([`NerError::IdenticalMasks`]).
+    Fail,
+}
+
+impl std::str::FromStr for MaskAlarm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "warn" => Ok(MaskAlarm::Warn),
+            "fail" => Ok(MaskAlarm::Fail),
+            _ => Err(format!("the diversity alarm is warn or fail, found {s:?}")),
+        }
+    }
+}
+
+/// Settings no run can go on with (the flags' own parsers refuse them too,
+/// but options may be built in code).
+pub(crate) fn check_options(opts: &NerOptions) -> Result<(), NerError> {
+    if opts.batch_size == 0 || opts.epochs == 0 {
+        return Err(NerError::Options("--batch-size and --epochs must be at least 1".into()));
+    }
+    if !(0.0..=1.0).contains(&opts.augment_mask) {
+        return Err(NerError::Options(format!(
+            "--augment-mask must be in [0, 1], found {}",
+            opts.augment_mask
+        )));
+    }
+    Ok(())
+}
+
+/// The step of a fine-tune: AdamW with warmup and linear decay over the whole
+/// run, a loss the loop normalises itself (by the global batch's labelled
+/// tokens), and at most one micro-batch per row.
+pub(crate) fn replica_options(opts: &NerOptions, total_steps: u64) -> ReplicaOptions {
+    ReplicaOptions {
+        lr: opts.lr,
+        lr_scaling: opts.lr_scaling,
+        schedule: Schedule::warmup_linear(opts.warmup_fraction, total_steps),
+        adamw: opts.adamw,
+        clip_norm: opts.clip_norm,
+        micro_batches: MicroBatches::resolve(opts.micro_batches, opts.batch_size),
+        loss: LossReduction::Sum,
+        placement: opts.placement,
+        ..ReplicaOptions::default()
+    }
+}
+
+/// The flags' value parsers, with messages that name the flag.
+#[cfg(feature = "clap")]
+mod flags {
+    use drove_train::flat::AdamWSettings;
+
+    /// A count of at least `min`.
+    pub fn at_least(s: &str, min: usize, flag: &str) -> Result<usize, String> {
+        let n: usize = s.parse().map_err(|_| format!("{flag} must be a whole number, found {s:?}"))?;
+        if n >= min { Ok(n) } else { Err(format!("{flag} must be at least {min}, found {n}")) }
+    }
+
+    /// A finite number of at least `min` (NaN, infinities and values below
+    /// `min` are refused).
+    pub fn finite_at_least(s: &str, min: f64, flag: &str) -> Result<f64, String> {
+        let x: f64 = s.trim().parse().map_err(|_| format!("{flag} must be a number, found {s:?}"))?;
+        if x.is_finite() && x >= min {
+            Ok(x)
+        } else {
+            Err(format!("{flag} must be a finite number of at least {min}, found {x}"))
+        }
+    }
+
+    /// A fraction in [0, 1].
+    pub fn fraction(s: &str, flag: &str) -> Result<f64, String> {
+        let x: f64 =
+            s.trim().parse().map_err(|_| format!("{flag} must be a number in [0, 1], found {s:?}"))?;
+        if (0.0..=1.0).contains(&x) { Ok(x) } else { Err(format!("{flag} must be in [0, 1], found {x}")) }
+    }
+
+    /// `--weight-decay`: AdamW's defaults with this decay.
+    pub fn weight_decay(s: &str) -> Result<AdamWSettings, String> {
+        let weight_decay = finite_at_least(s, 0.0, "--weight-decay")?;
+        Ok(AdamWSettings { weight_decay, ..AdamWSettings::default() })
+    }
+}
+
+#[cfg(all(test, feature = "clap"))]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        options: NerOptions,
+    }
+
+    #[test]
+    fn the_default_is_parsing_no_flags() {
+        assert_eq!(Flags::parse_from(["ner"]).options, NerOptions::default());
+    }
+
+    #[test]
+    fn flags_spelled_apart_from_their_fields_set_them() {
+        let o =
+            Flags::parse_from(["ner", "--cased", "--warmup", "0.2", "--weight-decay", "0", "--eval", "test"])
+                .options;
+        assert!(!o.lowercase);
+        assert_eq!(o.warmup_fraction, 0.2);
+        assert_eq!(o.adamw, AdamWSettings { weight_decay: 0.0, ..AdamWSettings::default() });
+        assert_eq!(o.eval_sets, ["test"]);
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_naming_the_flag() {
+        for (flag, value) in [("--epochs", "0"), ("--max-len", "2"), ("--warmup", "1.5"), ("--lr", "NaN")] {
+            let err = Flags::try_parse_from(["ner", flag, value]).err().expect("refused").to_string();
+            assert!(err.contains(flag), "{flag} {value}: {err}");
+        }
+    }
+}
