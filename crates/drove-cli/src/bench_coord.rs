@@ -261,7 +261,7 @@ fn batch(rank: usize, from: usize, to: usize) -> PushRequest {
                 run_id: METRICS_RUN.into(),
                 rank: rank as i32,
                 step: i as f64,
-                name: "loss".into(),
+                name: drove_proto::metric_names::LOSS.into(),
                 value: 1.0 / (1.0 + i as f64),
                 wall_time_unix_ms: 0,
             })

@@ -16,7 +16,7 @@ use burn::backend::{Autodiff, Flex};
 use clap::Args;
 use drove_collate::MaskSeeding;
 use drove_comm::{Collective, Communicator, SingleProcess};
-use drove_metrics::{MetricsRecorder, RecorderOptions};
+use drove_metrics::{MetricsRecorder, RecorderOptions, metric_names};
 use drove_ner::{
     DiagnoseReport, EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner,
 };
@@ -283,12 +283,12 @@ impl Observer for Reporter {
                 libc::kill(libc::getpid(), libc::SIGKILL);
             }
         }
-        self.record(r.step, "loss", r.loss);
-        self.record(r.step, "lr", r.lr);
-        self.record(r.step, "grad_norm", r.grad_norm);
-        self.record(r.step, "sentences_per_s", r.sentences_per_s);
-        self.record(r.step, "tokens_per_s", r.tokens_per_s);
-        self.record(r.step, "epoch", r.epoch as f64);
+        self.record(r.step, metric_names::LOSS, r.loss);
+        self.record(r.step, metric_names::LR, r.lr);
+        self.record(r.step, metric_names::GRAD_NORM, r.grad_norm);
+        self.record(r.step, metric_names::SENTENCES_PER_S, r.sentences_per_s);
+        self.record(r.step, metric_names::TOKENS_PER_S, r.tokens_per_s);
+        self.record(r.step, metric_names::EPOCH, r.epoch as f64);
         if self.rank != 0 {
             return;
         }
@@ -320,9 +320,9 @@ impl Observer for Reporter {
     }
 
     fn evaluated(&mut self, r: &EvalReport) {
-        self.record(r.step, &format!("{}_f1", r.set), r.f1);
-        self.record(r.step, &format!("{}_precision", r.set), r.precision);
-        self.record(r.step, &format!("{}_recall", r.set), r.recall);
+        self.record(r.step, &metric_names::f1(&r.set), r.f1);
+        self.record(r.step, &metric_names::precision(&r.set), r.precision);
+        self.record(r.step, &metric_names::recall(&r.set), r.recall);
         self.say(&format!(
             "epoch {} {}: entity F1 {:.4} (precision {:.4}, recall {:.4}; tp {} fp {} fn {})",
             r.epoch, r.set, r.f1, r.precision, r.recall, r.tp, r.fp, r.fn_
@@ -330,10 +330,10 @@ impl Observer for Reporter {
     }
 
     fn diagnosed(&mut self, r: &DiagnoseReport) {
-        self.record(r.step, "mask_agreement", r.mask_agreement);
-        self.record(r.step, "mask_agreement_expected", r.mask_expected);
-        self.record(r.step, "mask_agreement_sigma", r.mask_sigma);
-        self.record(r.step, "grad_cosine", r.grad_cosine);
+        self.record(r.step, metric_names::MASK_AGREEMENT, r.mask_agreement);
+        self.record(r.step, metric_names::MASK_AGREEMENT_EXPECTED, r.mask_expected);
+        self.record(r.step, metric_names::MASK_AGREEMENT_SIGMA, r.mask_sigma);
+        self.record(r.step, metric_names::GRAD_COSINE, r.grad_cosine);
         self.say(&format!(
             "step {}: mask agreement {:.4}, gradient cosine {:.4}",
             r.step, r.mask_agreement, r.grad_cosine
@@ -341,15 +341,19 @@ impl Observer for Reporter {
     }
 
     fn alarm(&mut self, r: &DiagnoseReport) {
-        self.record(r.step, "diversity_alarm", 1.0);
+        self.record(r.step, metric_names::DIVERSITY_ALARM, 1.0);
         if self.rank != 0 {
             return;
         }
         let message = r.masks.explain();
         self.say(&format!("warning: diversity alarm at step {}: {message}", r.step));
         if let Some(m) = &self.metrics
-            && let Err(e) =
-                m.event(r.step as f64, "diversity_alarm", &message, std::time::Duration::from_secs(10))
+            && let Err(e) = m.event(
+                r.step as f64,
+                metric_names::event::DIVERSITY_ALARM,
+                &message,
+                std::time::Duration::from_secs(10),
+            )
         {
             self.say(&format!("warning: {e}"));
         }
@@ -443,7 +447,9 @@ fn record_options(reporter: &Reporter, opts: &NerOptions, world_size: usize, res
         o.insert("world_size".into(), world_size.into());
         o.insert("restart".into(), restart.into());
     }
-    if let Err(e) = m.event(0.0, "options", &options.to_string(), std::time::Duration::from_secs(10)) {
+    if let Err(e) =
+        m.event(0.0, metric_names::event::OPTIONS, &options.to_string(), std::time::Duration::from_secs(10))
+    {
         reporter.say(&format!("warning: recording the run's options: {e}"));
     }
 }
