@@ -98,7 +98,7 @@ fn two_ranks_of_batch_8_equal_one_rank_of_batch_16() {
                 config().init_token_classification::<B>(LABELS, &device)
             };
             std::thread::spawn(move || {
-                let rv = FileRendezvous::new(&dir, rank, 2).unwrap();
+                let rv = FileRendezvous::new(&dir, drove_comm::Place::new(rank, 2).unwrap());
                 let comm = Communicator::connect(&rv, CommOptions::default()).unwrap();
                 params(&train(model, &comm, rank * 8..rank * 8 + 8))
             })
