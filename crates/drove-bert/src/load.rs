@@ -5,12 +5,13 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use burn::module::Param;
+use burn::nn::{LayerNorm, Linear};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use safetensors::SafeTensors;
 
 use crate::BertError;
-use crate::model::{BertForTokenClassification, set};
+use crate::model::{BertForTokenClassification, Embeddings, Layer, set};
 
 /// What a load found: names expected but absent (left as initialised), and
 /// names present but not used.
@@ -96,58 +97,61 @@ pub fn load_safetensors<B: Backend>(
         message: format!("not a safetensors file: header: {e}"),
     })?;
     let prefix = if tensors.names().iter().any(|n| n.starts_with("bert.")) { "bert." } else { "" };
-    let mut src = Source { path: path.to_path_buf(), tensors, prefix, used: BTreeSet::new() };
-    let mut report = LoadReport::default();
-
-    macro_rules! load2 {
-        ($param:expr, $name:expr, transpose) => {{
-            let name: String = $name;
-            let [d_in, d_out] = $param.dims();
-            match src.get(&name, &[d_out, d_in])? {
-                Some((v, s)) => {
-                    set(&mut $param, tensor::<B, 2>(v, s, device).transpose());
-                    report.loaded += 1;
-                }
-                None => report.missing.push(name),
-            }
-        }};
-        ($param:expr, $name:expr) => {{
-            let name: String = $name;
-            let dims = $param.dims().to_vec();
-            match src.get(&name, &dims)? {
-                Some((v, s)) => {
-                    set(&mut $param, tensor::<B, 2>(v, s, device));
-                    report.loaded += 1;
-                }
-                None => report.missing.push(name),
-            }
-        }};
-    }
-    macro_rules! load1 {
-        ($param:expr, $name:expr) => {{
-            let name: String = $name;
-            let dims = $param.dims().to_vec();
-            match src.get(&name, &dims)? {
-                Some((v, s)) => {
-                    set(&mut $param, tensor::<B, 1>(v, s, device));
-                    report.loaded += 1;
-                }
-                None => report.missing.push(name),
-            }
-        }};
-    }
-    fn bias<B: Backend>(p: &mut Option<Param<Tensor<B, 1>>>) -> &mut Param<Tensor<B, 1>> {
-        p.as_mut().expect("linear layers and LayerNorms here have a bias")
-    }
-
-    let e = &mut model.bert.embeddings;
-    load2!(e.word.weight, "embeddings.word_embeddings.weight".into());
-    load2!(e.position.weight, "embeddings.position_embeddings.weight".into());
-    load2!(e.token_type.weight, "embeddings.token_type_embeddings.weight".into());
-    load1!(e.norm.gamma, "embeddings.LayerNorm.weight".into());
-    load1!(*bias(&mut e.norm.beta), "embeddings.LayerNorm.bias".into());
+    let src = Source { path: path.to_path_buf(), tensors, prefix, used: BTreeSet::new() };
+    let mut loader = Loader { src, report: LoadReport::default(), device };
+    loader.embeddings(&mut model.bert.embeddings)?;
     for (i, l) in model.bert.layers.iter_mut().enumerate() {
-        let p = format!("encoder.layer.{i}.");
+        loader.layer(&format!("encoder.layer.{i}."), l)?;
+    }
+    // The classifier is named without the prefix in HF's BertForTokenClassification.
+    let saved_prefix = loader.src.prefix;
+    loader.src.prefix = "";
+    loader.linear(&mut model.classifier, "classifier")?;
+    loader.src.prefix = saved_prefix;
+    Ok(loader.finish())
+}
+
+/// Sets the model's parameters from a [`Source`], one by one, and counts what
+/// it loaded and missed.
+struct Loader<'a, 'd, B: Backend> {
+    src: Source<'a>,
+    report: LoadReport,
+    device: &'d B::Device,
+}
+
+impl<B: Backend> Loader<'_, '_, B> {
+    /// A parameter of any rank, stored in burn's shape; `transpose` for a
+    /// linear weight, stored as PyTorch's `[out, in]`.
+    fn param<const D: usize>(
+        &mut self,
+        param: &mut Param<Tensor<B, D>>,
+        name: String,
+        transpose: bool,
+    ) -> Result<(), BertError> {
+        let mut dims = param.dims().to_vec();
+        if transpose {
+            dims.reverse();
+        }
+        match self.src.get(&name, &dims)? {
+            Some((v, s)) => {
+                let value = tensor::<B, D>(v, s, self.device);
+                set(param, if transpose { value.transpose() } else { value });
+                self.report.loaded += 1;
+            }
+            None => self.report.missing.push(name),
+        }
+        Ok(())
+    }
+
+    fn embeddings(&mut self, e: &mut Embeddings<B>) -> Result<(), BertError> {
+        self.param(&mut e.word.weight, "embeddings.word_embeddings.weight".into(), false)?;
+        self.param(&mut e.position.weight, "embeddings.position_embeddings.weight".into(), false)?;
+        self.param(&mut e.token_type.weight, "embeddings.token_type_embeddings.weight".into(), false)?;
+        self.norm(&mut e.norm, "embeddings.LayerNorm")
+    }
+
+    /// The layer whose names start with `p` (`encoder.layer.N.`).
+    fn layer(&mut self, p: &str, l: &mut Layer<B>) -> Result<(), BertError> {
         for (lin, name) in [
             (&mut l.query, "attention.self.query"),
             (&mut l.key, "attention.self.key"),
@@ -156,30 +160,44 @@ pub fn load_safetensors<B: Backend>(
             (&mut l.intermediate, "intermediate.dense"),
             (&mut l.output, "output.dense"),
         ] {
-            load2!(lin.weight, format!("{p}{name}.weight"), transpose);
-            load1!(*bias(&mut lin.bias), format!("{p}{name}.bias"));
+            self.linear(lin, &format!("{p}{name}"))?;
         }
         for (ln, name) in
             [(&mut l.attention_norm, "attention.output.LayerNorm"), (&mut l.output_norm, "output.LayerNorm")]
         {
-            load1!(ln.gamma, format!("{p}{name}.weight"));
-            load1!(*bias(&mut ln.beta), format!("{p}{name}.bias"));
+            self.norm(ln, &format!("{p}{name}"))?;
         }
+        Ok(())
     }
-    // The classifier is named without the prefix in HF's BertForTokenClassification.
-    let saved_prefix = src.prefix;
-    src.prefix = "";
-    load2!(model.classifier.weight, "classifier.weight".into(), transpose);
-    load1!(*bias(&mut model.classifier.bias), "classifier.bias".into());
-    src.prefix = saved_prefix;
 
-    report.unexpected = src
-        .tensors
-        .names()
-        .into_iter()
-        .filter(|n| !src.used.contains(*n) && !n.ends_with("position_ids"))
-        .map(|n| n.to_string())
-        .collect();
-    report.unexpected.sort();
-    Ok(report)
+    /// `NAME.weight` (transposed) and `NAME.bias`.
+    fn linear(&mut self, lin: &mut Linear<B>, name: &str) -> Result<(), BertError> {
+        self.param(&mut lin.weight, format!("{name}.weight"), true)?;
+        self.param(bias(&mut lin.bias), format!("{name}.bias"), false)
+    }
+
+    /// `NAME.weight` (gamma) and `NAME.bias` (beta).
+    fn norm(&mut self, ln: &mut LayerNorm<B>, name: &str) -> Result<(), BertError> {
+        self.param(&mut ln.gamma, format!("{name}.weight"), false)?;
+        self.param(bias(&mut ln.beta), format!("{name}.bias"), false)
+    }
+
+    /// The report, with the file's tensors that nothing used.
+    fn finish(self) -> LoadReport {
+        let mut report = self.report;
+        report.unexpected = self
+            .src
+            .tensors
+            .names()
+            .into_iter()
+            .filter(|n| !self.src.used.contains(*n) && !n.ends_with("position_ids"))
+            .map(|n| n.to_string())
+            .collect();
+        report.unexpected.sort();
+        report
+    }
+}
+
+fn bias<B: Backend>(p: &mut Option<Param<Tensor<B, 1>>>) -> &mut Param<Tensor<B, 1>> {
+    p.as_mut().expect("linear layers and LayerNorms here have a bias")
 }

@@ -142,7 +142,7 @@ fn main() -> anyhow::Result<()> {
             loss = outcome.global_loss.unwrap_or(loss);
         }
         let done = replica.steps();
-        launched.record(done, "loss", loss);
+        launched.record(done, drove_launch::metric_names::LOSS, loss);
         let shown = launched.progress(&Progress { loss: Some(loss), ..Progress::at(done, total) });
         if rank == 0 && !shown && step.is_multiple_of(50) {
             println!("step {step}: loss {loss:.5}");

@@ -4,7 +4,7 @@
 //! a memory-copy baseline of the same size measured in the same run.
 
 use std::io::IsTerminal as _;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -232,64 +232,8 @@ pub fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
     spinner.set_style(ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
     spinner.set_message(format!("{} ranks, {} sizes", args.np, sizes.len()));
     spinner.enable_steady_tick(Duration::from_millis(100));
-    let mut children = Vec::with_capacity(args.np);
-    for rank in 0..args.np {
-        let child = Command::new(&exe)
-            .args([
-                "bench",
-                "allreduce-worker",
-                "--sizes",
-                &sizes.join(","),
-                "--op",
-                &args.op.to_string(),
-                "--iters",
-                &args.iters.to_string(),
-            ])
-            .env("DROVE_RANK", rank.to_string())
-            .env("DROVE_WORLD_SIZE", args.np.to_string())
-            .env("DROVE_RENDEZVOUS_DIR", &dir)
-            .env("DROVE_COMM_TRANSPORT", &args.transport)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("starting rank {rank}"))?;
-        children.push(child);
-    }
-    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
-    let (tx, rx) = mpsc::channel();
-    for (rank, child) in children.into_iter().enumerate() {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send((rank, child.wait_with_output()));
-        });
-    }
-    drop(tx);
-    let limit = Duration::from_secs(600);
-    let start = Instant::now();
-    let mut rank0 = None;
-    let mut failed = None;
-    for _ in 0..args.np {
-        match rx.recv_timeout(limit.saturating_sub(start.elapsed())) {
-            Ok((rank, out)) => {
-                let out = out.with_context(|| format!("waiting for rank {rank}"))?;
-                if !out.status.success() && failed.is_none() {
-                    failed = Some(format!("rank {rank} exited with {}", out.status));
-                }
-                if rank == 0 {
-                    rank0 = Some(out.stdout);
-                }
-            }
-            Err(_) => {
-                for pid in &pids {
-                    // SAFETY: signalling our own children.
-                    unsafe {
-                        libc::kill(*pid as i32, libc::SIGKILL);
-                    }
-                }
-                bail!("the ranks did not finish within {limit:?}");
-            }
-        }
-    }
+    let children = spawn_ranks(args, &exe, &dir, &sizes)?;
+    let (rank0, failed) = wait_for_ranks(children)?;
     spinner.finish_and_clear();
     let _ = std::fs::remove_dir_all(&dir);
     if let Some(f) = failed {
@@ -311,17 +255,98 @@ pub fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
-        println!("{} ranks, op {}, transport {}", report.np, report.op, report.transport);
-        println!(
-            "{:<10} {:>8} {:>6} {:>12} {:>10} {:>10} {:>10}",
-            "collective", "size", "iters", "median us", "algbw GB/s", "busbw GB/s", "memcpy GB/s"
-        );
-        for r in &report.results {
-            println!(
-                "{:<10} {:>8} {:>6} {:>12.1} {:>10.3} {:>10.3} {:>10.3}",
-                r.collective, r.size, r.iterations, r.median_us, r.algbw_gbps, r.busbw_gbps, r.memcpy_gbps
-            );
-        }
+        print_table(&report);
     }
     Ok(())
+}
+
+/// Starts the `args.np` rank processes of `exe`, meeting in `dir`, rank 0's
+/// output piped.
+fn spawn_ranks(
+    args: &AllreduceArgs,
+    exe: &std::path::Path,
+    dir: &std::path::Path,
+    sizes: &[String],
+) -> anyhow::Result<Vec<Child>> {
+    let mut children = Vec::with_capacity(args.np);
+    for rank in 0..args.np {
+        let child = Command::new(exe)
+            .args([
+                "bench",
+                "allreduce-worker",
+                "--sizes",
+                &sizes.join(","),
+                "--op",
+                &args.op.to_string(),
+                "--iters",
+                &args.iters.to_string(),
+            ])
+            .env("DROVE_RANK", rank.to_string())
+            .env("DROVE_WORLD_SIZE", args.np.to_string())
+            .env("DROVE_RENDEZVOUS_DIR", dir)
+            .env("DROVE_COMM_TRANSPORT", &args.transport)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting rank {rank}"))?;
+        children.push(child);
+    }
+    Ok(children)
+}
+
+/// Waits (at most 10 minutes, then kills them all) for every rank; returns
+/// rank 0's output and the first failure seen, if any.
+fn wait_for_ranks(children: Vec<Child>) -> anyhow::Result<(Option<Vec<u8>>, Option<String>)> {
+    let np = children.len();
+    let pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
+    let (tx, rx) = mpsc::channel();
+    for (rank, child) in children.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((rank, child.wait_with_output()));
+        });
+    }
+    drop(tx);
+    let limit = Duration::from_secs(600);
+    let start = Instant::now();
+    let mut rank0 = None;
+    let mut failed = None;
+    for _ in 0..np {
+        match rx.recv_timeout(limit.saturating_sub(start.elapsed())) {
+            Ok((rank, out)) => {
+                let out = out.with_context(|| format!("waiting for rank {rank}"))?;
+                if !out.status.success() && failed.is_none() {
+                    failed = Some(format!("rank {rank} exited with {}", out.status));
+                }
+                if rank == 0 {
+                    rank0 = Some(out.stdout);
+                }
+            }
+            Err(_) => {
+                for pid in &pids {
+                    // SAFETY: signalling our own children.
+                    unsafe {
+                        libc::kill(*pid as i32, libc::SIGKILL);
+                    }
+                }
+                bail!("the ranks did not finish within {limit:?}");
+            }
+        }
+    }
+    Ok((rank0, failed))
+}
+
+/// The report as a table, one row per collective and size.
+fn print_table(report: &Report) {
+    println!("{} ranks, op {}, transport {}", report.np, report.op, report.transport);
+    println!(
+        "{:<10} {:>8} {:>6} {:>12} {:>10} {:>10} {:>10}",
+        "collective", "size", "iters", "median us", "algbw GB/s", "busbw GB/s", "memcpy GB/s"
+    );
+    for r in &report.results {
+        println!(
+            "{:<10} {:>8} {:>6} {:>12.1} {:>10.3} {:>10.3} {:>10.3}",
+            r.collective, r.size, r.iterations, r.median_us, r.algbw_gbps, r.busbw_gbps, r.memcpy_gbps
+        );
+    }
 }

@@ -261,7 +261,7 @@ fn batch(rank: usize, from: usize, to: usize) -> PushRequest {
                 run_id: METRICS_RUN.into(),
                 rank: rank as i32,
                 step: i as f64,
-                name: "loss".into(),
+                name: drove_proto::metric_names::LOSS.into(),
                 value: 1.0 / (1.0 + i as f64),
                 wall_time_unix_ms: 0,
             })
@@ -422,16 +422,68 @@ pub fn run(args: &CoordinatorArgs) -> anyhow::Result<()> {
     let publish_seconds = rt.block_on(publish(&addr, blob.clone(), &sha256)).context("publishing")?;
     drop(blob);
 
-    // Round 1 verifies every byte (sha256 while receiving); round 2 times the transfer.
-    let mut verified_seconds = Vec::new();
-    let mut seconds = Vec::new();
-    let mut fetch_wall_seconds = 0.0;
+    let rounds = fetch_rounds(&pb, &addr, size, &sha256, args.fetchers)?;
+    rt.block_on(server.shutdown());
+    drop(store);
+    pb.finish_and_clear();
+
+    let blob = blob_report(size, sha256, publish_seconds, args.fetchers, &rounds);
+    let sha256_gbps = gbps(size, sha256_seconds);
+    let memcpy_gbps = gbps(size, memcpy_s);
+    let report = Report {
+        machine: Machine::detect(),
+        rendezvous,
+        metrics_ingest,
+        baseline: Baseline { sha256_seconds, sha256_gbps, memcpy_gbps, memcpy_buffer_bytes },
+        ratios: Ratios {
+            publish_vs_sha256: blob.publish_gbps / sha256_gbps,
+            fetch_mean_vs_sha256: blob.fetch_gbps_mean / sha256_gbps,
+            fetch_mean_vs_memcpy: blob.fetch_gbps_mean / memcpy_gbps,
+        },
+        blob,
+    };
+    for (what, x) in [
+        ("rendezvous seconds", report.rendezvous.seconds),
+        ("points/s", report.metrics_ingest.points_per_s),
+        ("publish GB/s", report.blob.publish_gbps),
+        ("fetch GB/s", report.blob.fetch_gbps_min),
+    ] {
+        if !(x.is_finite() && x > 0.0) {
+            bail!("the {what} figure came out as {x}");
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_report(&report, args.blob_mib);
+    }
+    Ok(())
+}
+
+/// Every fetcher's seconds in the verifying round and in the timed one, and
+/// the timed round's wall-clock seconds.
+struct FetchRounds {
+    verified_seconds: Vec<f64>,
+    seconds: Vec<f64>,
+    wall_seconds: f64,
+}
+
+/// Round 1 verifies every byte (sha256 while receiving); round 2 times the
+/// transfer. Each round starts its `fetchers` threads together.
+fn fetch_rounds(
+    pb: &ProgressBar,
+    addr: &str,
+    size: usize,
+    sha256: &str,
+    fetchers: usize,
+) -> anyhow::Result<FetchRounds> {
+    let mut rounds = FetchRounds { verified_seconds: Vec::new(), seconds: Vec::new(), wall_seconds: 0.0 };
     for verify in [true, false] {
-        pb.set_message(format!("{} fetchers{}", args.fetchers, if verify { ", verifying" } else { "" }));
-        let start = Arc::new(Barrier::new(args.fetchers + 1));
-        let threads = (0..args.fetchers)
+        pb.set_message(format!("{fetchers} fetchers{}", if verify { ", verifying" } else { "" }));
+        let start = Arc::new(Barrier::new(fetchers + 1));
+        let threads = (0..fetchers)
             .map(|i| {
-                let (addr, sha, start) = (addr.clone(), sha256.clone(), Arc::clone(&start));
+                let (addr, sha, start) = (addr.to_string(), sha256.to_string(), Arc::clone(&start));
                 std::thread::Builder::new()
                     .name(format!("fetch-{i}"))
                     .spawn(move || fetch(addr, size, sha, start, verify))
@@ -440,66 +492,45 @@ pub fn run(args: &CoordinatorArgs) -> anyhow::Result<()> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         start.wait();
         let wall = Instant::now();
-        let out = if verify { &mut verified_seconds } else { &mut seconds };
+        let out = if verify { &mut rounds.verified_seconds } else { &mut rounds.seconds };
         for t in threads {
             out.push(t.join().map_err(|_| anyhow!("a fetcher panicked"))?.context("fetching")?);
         }
         if !verify {
-            fetch_wall_seconds = wall.elapsed().as_secs_f64();
+            rounds.wall_seconds = wall.elapsed().as_secs_f64();
         }
     }
-    let verified_rates: Vec<f64> = verified_seconds.iter().map(|&s| gbps(size, s)).collect();
-    let fetch_verified_gbps_mean = verified_rates.iter().sum::<f64>() / verified_rates.len() as f64;
-    rt.block_on(server.shutdown());
-    drop(store);
-    pb.finish_and_clear();
+    Ok(rounds)
+}
 
-    let rates: Vec<f64> = seconds.iter().map(|&s| gbps(size, s)).collect();
-    let fetch_gbps_min = rates.iter().copied().fold(f64::INFINITY, f64::min);
-    let fetch_gbps_mean = rates.iter().sum::<f64>() / rates.len() as f64;
-    let sha256_gbps = gbps(size, sha256_seconds);
-    let memcpy_gbps = gbps(size, memcpy_s);
-    let publish_gbps = gbps(size, publish_seconds);
-    let report = Report {
-        machine: Machine::detect(),
-        rendezvous,
-        metrics_ingest,
-        blob: BlobReport {
-            bytes: size,
-            chunk_bytes: CHUNK,
-            sha256,
-            publish_seconds,
-            publish_gbps,
-            fetchers: args.fetchers,
-            fetch_wall_seconds,
-            fetch_gbps_min,
-            fetch_gbps_mean,
-            fetch_gbps_aggregate: gbps(size * args.fetchers, fetch_wall_seconds),
-            fetch_verified_gbps_mean,
-            verified: true,
-        },
-        baseline: Baseline { sha256_seconds, sha256_gbps, memcpy_gbps, memcpy_buffer_bytes },
-        ratios: Ratios {
-            publish_vs_sha256: publish_gbps / sha256_gbps,
-            fetch_mean_vs_sha256: fetch_gbps_mean / sha256_gbps,
-            fetch_mean_vs_memcpy: fetch_gbps_mean / memcpy_gbps,
-        },
-    };
-    for (what, x) in [
-        ("rendezvous seconds", report.rendezvous.seconds),
-        ("points/s", report.metrics_ingest.points_per_s),
-        ("publish GB/s", publish_gbps),
-        ("fetch GB/s", fetch_gbps_min),
-    ] {
-        if !(x.is_finite() && x > 0.0) {
-            bail!("the {what} figure came out as {x}");
-        }
+/// The blob's figures: the publish, and the fetch rounds' rates.
+fn blob_report(
+    size: usize,
+    sha256: String,
+    publish_seconds: f64,
+    fetchers: usize,
+    rounds: &FetchRounds,
+) -> BlobReport {
+    let verified_rates: Vec<f64> = rounds.verified_seconds.iter().map(|&s| gbps(size, s)).collect();
+    let rates: Vec<f64> = rounds.seconds.iter().map(|&s| gbps(size, s)).collect();
+    BlobReport {
+        bytes: size,
+        chunk_bytes: CHUNK,
+        sha256,
+        publish_seconds,
+        publish_gbps: gbps(size, publish_seconds),
+        fetchers,
+        fetch_wall_seconds: rounds.wall_seconds,
+        fetch_gbps_min: rates.iter().copied().fold(f64::INFINITY, f64::min),
+        fetch_gbps_mean: rates.iter().sum::<f64>() / rates.len() as f64,
+        fetch_gbps_aggregate: gbps(size * fetchers, rounds.wall_seconds),
+        fetch_verified_gbps_mean: verified_rates.iter().sum::<f64>() / verified_rates.len() as f64,
+        verified: true,
     }
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-        return Ok(());
-    }
-    let r = &report;
+}
+
+/// The report as text.
+fn print_report(r: &Report, blob_mib: usize) {
     println!("coordinator in-process on loopback, temporary store");
     println!(
         "rendezvous      {} workers joined in {:.3} s ({:.0} joins/s; connecting took {:.3} s)",
@@ -514,7 +545,7 @@ pub fn run(args: &CoordinatorArgs) -> anyhow::Result<()> {
     );
     println!(
         "blob publish    {} MiB in {:.2} s: {:.3} GB/s ({:.2}x sha256)",
-        args.blob_mib, r.blob.publish_seconds, r.blob.publish_gbps, r.ratios.publish_vs_sha256
+        blob_mib, r.blob.publish_seconds, r.blob.publish_gbps, r.ratios.publish_vs_sha256
     );
     println!(
         "blob fetch      {} fetchers in {:.2} s: min {:.3}, mean {:.3} GB/s each, {:.3} GB/s together (sha256 verified)",
@@ -528,7 +559,6 @@ pub fn run(args: &CoordinatorArgs) -> anyhow::Result<()> {
         "baseline        sha256 {:.3} GB/s, memcpy {:.3} GB/s (same run)",
         r.baseline.sha256_gbps, r.baseline.memcpy_gbps
     );
-    Ok(())
 }
 
 #[cfg(test)]

@@ -66,7 +66,7 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     // A launcher that assigns ranks says which this is before anyone joins.
     let launch = drove_launch::LaunchEnv::from_env()?;
     if let Some(code) = args.fail_with
-        && launch.rank == Some(args.rank_to_fail)
+        && launch.rank().map(drove_comm::Rank::get) == Some(args.rank_to_fail)
     {
         if launch.rendezvous == drove_launch::RendezvousKind::Coordinator {
             join_without_listening()?;

@@ -8,6 +8,7 @@ use std::io::Write as _;
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use drove_proto::client::Clients;
+use drove_proto::metric_names;
 use drove_proto::v1::{Aggregation, ListRunsRequest, MetricPoint, QueryRequest, WatchRequest};
 use serde_json::json;
 
@@ -384,7 +385,7 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
             break;
         }
         // The options event is one long JSON object, for `drove report` and --json.
-        for e in r.events.iter().filter(|e| e.kind != "options") {
+        for e in r.events.iter().filter(|e| e.kind != metric_names::event::OPTIONS) {
             if !emit(&format!("    {} at step {} (rank {}): {}", e.kind, e.step, e.rank, e.message))? {
                 return Ok(());
             }

@@ -109,6 +109,7 @@ impl Drop for Podman {
     }
 }
 
+#[allow(clippy::too_many_lines)] // tests are exempt: one scenario, read top to bottom
 #[test]
 fn the_image_serves_a_healthy_coordinator_and_two_rank_containers_train_through_it() {
     let conf = match tools() {

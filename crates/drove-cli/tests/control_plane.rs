@@ -320,6 +320,7 @@ fn metrics_json(addr: &str, extra: &[&str]) -> Value {
     serde_json::from_str(&out[0]).unwrap()
 }
 
+#[allow(clippy::too_many_lines)] // tests are exempt: one scenario, read top to bottom
 #[test]
 fn metrics_are_queried_aggregated_or_raw_and_watched() {
     let coordinator = Coordinator::start(&["--token", "s3cret"]);

@@ -15,6 +15,7 @@ fn num(e: &Value, key: &str) -> i64 {
     e[key].as_i64().unwrap_or_else(|| panic!("{key} of {e}"))
 }
 
+#[allow(clippy::too_many_lines)] // tests are exempt: one scenario, read top to bottom
 #[test]
 fn the_timeline_holds_every_rank_and_its_steps_phases_in_order() {
     let dir = tempfile::tempdir().unwrap();

@@ -138,79 +138,15 @@ pub fn parse_conll(mut reader: impl BufRead, path: impl AsRef<Path>) -> Result<C
     let mut sentences = Vec::new();
     let mut current = Sentence { words: Vec::new(), tags: Vec::new(), line: 0 };
     let mut columns: Option<(usize, usize)> = None; // (count, line that set it)
-
-    let flush = |current: &mut Sentence, out: &mut Vec<Sentence>| {
-        if !current.words.is_empty() {
-            out.push(std::mem::replace(current, Sentence { words: Vec::new(), tags: Vec::new(), line: 0 }));
-        }
-    };
-
-    // Lines are read as bytes, so that text that is not UTF-8 is an error naming its line.
     let mut bytes = Vec::new();
     let mut number = 0;
-    loop {
-        bytes.clear();
-        let read = reader.read_until(b'\n', &mut bytes).map_err(|e| ConllError::Io {
-            path: path.clone(),
-            source: std::io::Error::new(e.kind(), format!("line {}: {e}", number + 1)),
-        })?;
-        if read == 0 {
-            break;
-        }
-        number += 1;
-        if bytes.last() == Some(&b'\n') {
-            bytes.pop();
-            if bytes.last() == Some(&b'\r') {
-                bytes.pop();
-            }
-        }
-        let line = match std::str::from_utf8(&bytes) {
-            Ok(line) => line,
-            Err(e) => {
-                return Err(ConllError::Malformed {
-                    path,
-                    line: number,
-                    expected: "UTF-8 text".into(),
-                    found: format!(
-                        "a byte that is not UTF-8 at byte {} of the line: {:?}",
-                        e.valid_up_to() + 1,
-                        String::from_utf8_lossy(&bytes)
-                    ),
-                });
-            }
-        };
+    while let Some(line) = read_line(&mut reader, &mut bytes, &mut number, &path)? {
         let mut fields = line.split_whitespace();
-        let Some(word) = fields.next() else {
+        let Some(word) = fields.next().filter(|w| *w != "-DOCSTART-") else {
             flush(&mut current, &mut sentences);
             continue;
         };
-        if word == "-DOCSTART-" {
-            flush(&mut current, &mut sentences);
-            continue;
-        }
-        let count = 1 + fields.clone().count();
-        match columns {
-            None => {
-                if count < 2 {
-                    return Err(ConllError::Malformed {
-                        path,
-                        line: number,
-                        expected: "at least 2 whitespace-separated columns (word ... tag)".into(),
-                        found: format!("1 column: {line:?}"),
-                    });
-                }
-                columns = Some((count, number));
-            }
-            Some((expected, first)) if expected != count => {
-                return Err(ConllError::Malformed {
-                    path,
-                    line: number,
-                    expected: format!("{expected} columns (word ... tag), as on line {first}"),
-                    found: format!("{count}: {line:?}"),
-                });
-            }
-            Some(_) => {}
-        }
+        check_columns(&mut columns, 1 + fields.clone().count(), number, line, &path)?;
         let tag = fields.last().expect("at least two columns");
         if let Err(reason) = parse_tag(tag) {
             return Err(ConllError::UnknownTag { path, line: number, tag: tag.into(), reason });
@@ -233,6 +169,82 @@ pub fn parse_conll(mut reader: impl BufRead, path: impl AsRef<Path>) -> Result<C
         }
     }
     Ok(Corpus { path, sentences, scheme, columns: columns.map_or(0, |c| c.0) })
+}
+
+/// Ends the sentence being read, if it has words.
+fn flush(current: &mut Sentence, out: &mut Vec<Sentence>) {
+    if !current.words.is_empty() {
+        out.push(std::mem::replace(current, Sentence { words: Vec::new(), tags: Vec::new(), line: 0 }));
+    }
+}
+
+/// The next line without its line ending, counted in `number`; `None` at the
+/// end. Lines are read as bytes, so that text that is not UTF-8 is an error
+/// naming its line.
+fn read_line<'b>(
+    reader: &mut impl BufRead,
+    bytes: &'b mut Vec<u8>,
+    number: &mut usize,
+    path: &Path,
+) -> Result<Option<&'b str>, ConllError> {
+    bytes.clear();
+    let read = reader.read_until(b'\n', bytes).map_err(|e| ConllError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(e.kind(), format!("line {}: {e}", *number + 1)),
+    })?;
+    if read == 0 {
+        return Ok(None);
+    }
+    *number += 1;
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(line) => Ok(Some(line)),
+        Err(e) => Err(ConllError::Malformed {
+            path: path.to_path_buf(),
+            line: *number,
+            expected: "UTF-8 text".into(),
+            found: format!(
+                "a byte that is not UTF-8 at byte {} of the line: {:?}",
+                e.valid_up_to() + 1,
+                String::from_utf8_lossy(bytes)
+            ),
+        }),
+    }
+}
+
+/// Checks that line `number` has `count` columns: at least 2 on the first
+/// line of words (which sets `columns`), as many as it on every other.
+fn check_columns(
+    columns: &mut Option<(usize, usize)>,
+    count: usize,
+    number: usize,
+    line: &str,
+    path: &Path,
+) -> Result<(), ConllError> {
+    match *columns {
+        None if count < 2 => Err(ConllError::Malformed {
+            path: path.to_path_buf(),
+            line: number,
+            expected: "at least 2 whitespace-separated columns (word ... tag)".into(),
+            found: format!("1 column: {line:?}"),
+        }),
+        None => {
+            *columns = Some((count, number));
+            Ok(())
+        }
+        Some((expected, first)) if expected != count => Err(ConllError::Malformed {
+            path: path.to_path_buf(),
+            line: number,
+            expected: format!("{expected} columns (word ... tag), as on line {first}"),
+            found: format!("{count}: {line:?}"),
+        }),
+        Some(_) => Ok(()),
+    }
 }
 
 /// IOB2 if every chunk starts with `B-`; IOB1 if some chunk starts with `I-`.

@@ -244,6 +244,7 @@ fn line_at_fault(lines: &[&[u8]], line: usize, quoted: &str) -> Result<(), Strin
     Ok(())
 }
 
+#[allow(clippy::too_many_lines)] // tests are exempt: one scenario, read top to bottom
 fn check(bytes: &[u8]) -> Result<(), String> {
     let lines = reader_lines(bytes);
     match parse_conll(bytes, PATH) {

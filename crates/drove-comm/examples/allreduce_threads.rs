@@ -3,7 +3,9 @@
 //! its rank id, and broadcasts from rank 2.
 //!
 //! `cargo run -p drove-comm --example allreduce_threads [-- tcp]`
-use drove_comm::{Collective, CommOptions, Communicator, Element, FileRendezvous, ReduceOptions, Transport};
+use drove_comm::{
+    Collective, CommOptions, Communicator, Element, FileRendezvous, Place, ReduceOptions, Transport,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let world = 4;
@@ -14,7 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|rank| {
             let dir = dir.clone();
             std::thread::spawn(move || -> Result<String, drove_comm::CommError> {
-                let rv = FileRendezvous::new(&dir, rank, world)?;
+                let rv = FileRendezvous::new(&dir, Place::new(rank, world)?);
                 let comm = Communicator::connect(&rv, CommOptions { transport, ..CommOptions::default() })?;
                 let mut t = vec![rank as f32; 1 << 20];
                 comm.all_reduce("ranks", &[1 << 20], f32::tensor_mut(&mut t), ReduceOptions::sum())?;

@@ -11,7 +11,8 @@ use crate::dtype::{Buffer, DType, ReduceOp, TensorMut, TensorRef, scale_bytes};
 use crate::engine::{Engine, Reduction, split};
 use crate::error::CommError;
 use crate::mesh::{Clock, Mesh};
-use crate::rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
+use crate::place::Place;
+use crate::rendezvous::{FileRendezvous, Rendezvous, StaticRendezvous};
 use crate::shm::Shm;
 use crate::spec::OpSpec;
 
@@ -292,8 +293,7 @@ struct State {
 }
 
 struct Shared {
-    rank: usize,
-    world: usize,
+    place: Place,
     transport: &'static str,
     next_ticket: AtomicU64,
     state: Mutex<State>,
@@ -390,14 +390,17 @@ impl Communicator {
         let listener =
             std::net::TcpListener::bind(bind).map_err(|e| CommError::io(format!("binding {bind}"), e))?;
         let local = listener.local_addr().map_err(|e| CommError::io("reading the listener's address", e))?;
-        let PeerTable { rank, addrs } = rendezvous.exchange(local, deadline)?;
-        if rank >= world || addrs.len() != world {
+        let table = rendezvous.exchange(local, deadline)?;
+        if table.place().world() != world {
             return Err(CommError::Rendezvous(format!(
-                "the rendezvous gave rank {rank} and {} addresses for world size {world}",
-                addrs.len()
+                "the rendezvous gave rank {} and {} addresses for world size {world}",
+                table.place().rank(),
+                table.addrs().len()
             )));
         }
-        let mut mesh = Mesh::connect(rank, world, &listener, &addrs, deadline)?;
+        let place = table.place();
+        let (rank, world, addrs) = (place.rank().get(), world.get(), table.addrs());
+        let mut mesh = Mesh::connect(rank, world, &listener, addrs, deadline)?;
         drop(listener);
         let shm = if world > 1 && opts.transport == Transport::Auto {
             setup_shm(&mut mesh, &opts, deadline)?
@@ -408,8 +411,7 @@ impl Communicator {
         let transport = engine.transport();
         tracing::debug!(rank, world, transport, "communicator connected");
         let shared = Arc::new(Shared {
-            rank,
-            world,
+            place,
             transport,
             next_ticket: AtomicU64::new(0),
             state: Mutex::new(State { serving: 0, engine }),
@@ -442,6 +444,12 @@ impl Communicator {
         } else {
             Self::connect(&StaticRendezvous::from_env()?, opts)
         }
+    }
+
+    /// This rank in its world ([`Collective::rank`] and
+    /// [`Collective::world_size`] as one checked value).
+    pub fn place(&self) -> Place {
+        self.shared.place
     }
 
     /// The transport in use: `"shm"` or `"tcp"`.
@@ -561,11 +569,11 @@ fn setup_shm(mesh: &mut Mesh, opts: &CommOptions, deadline: Instant) -> Result<O
 
 impl Collective for Communicator {
     fn rank(&self) -> usize {
-        self.shared.rank
+        self.shared.place.rank().get()
     }
 
     fn world_size(&self) -> usize {
-        self.shared.world
+        self.shared.place.world().get()
     }
 
     fn all_reduce(

@@ -9,7 +9,8 @@ use drove_proto::client::Clients;
 use drove_proto::v1::{HeartbeatRequest, JoinRequest, LeaveRequest};
 
 use crate::error::CommError;
-use crate::rendezvous::{PeerTable, Rendezvous};
+use crate::place::{Rank, WorldSize};
+use crate::rendezvous::{PeerTable, RankRequest, Rendezvous};
 
 fn rendezvous_err(what: impl std::fmt::Display) -> CommError {
     CommError::Rendezvous(what.to_string())
@@ -21,8 +22,7 @@ pub struct CoordinatorRendezvous {
     addr: String,
     token: Option<String>,
     run_id: String,
-    world: usize,
-    requested_rank: Option<usize>,
+    request: RankRequest,
     bind: SocketAddr,
     host: String,
     runtime: tokio::runtime::Runtime,
@@ -38,8 +38,7 @@ impl std::fmt::Debug for CoordinatorRendezvous {
         f.debug_struct("CoordinatorRendezvous")
             .field("addr", &self.addr)
             .field("run_id", &self.run_id)
-            .field("world", &self.world)
-            .field("requested_rank", &self.requested_rank)
+            .field("request", &self.request)
             .finish()
     }
 }
@@ -65,18 +64,14 @@ fn host_name() -> String {
 }
 
 impl CoordinatorRendezvous {
-    /// Joins `run_id` (of `world` ranks) on the coordinator at `addr`, as rank
-    /// `rank` if given (else any free rank).
+    /// Joins `run_id` on the coordinator at `addr`, in the world and at the
+    /// rank (or any free rank) of `request`.
     pub fn new(
         addr: &str,
         run_id: &str,
-        world: usize,
-        rank: Option<usize>,
+        request: RankRequest,
         token: Option<&str>,
     ) -> Result<Self, CommError> {
-        if world == 0 {
-            return Err(rendezvous_err("world size must be at least 1, found 0"));
-        }
         let ip = local_ip_towards(addr).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -86,8 +81,7 @@ impl CoordinatorRendezvous {
             addr: addr.to_string(),
             token: token.map(str::to_string),
             run_id: run_id.to_string(),
-            world,
-            requested_rank: rank,
+            request,
             bind: SocketAddr::new(ip, 0),
             host: host_name(),
             runtime,
@@ -106,9 +100,9 @@ impl CoordinatorRendezvous {
         let var = |name: &str| std::env::var(name).map_err(|_| rendezvous_err(format!("{name} is not set")));
         let addr = var("DROVE_COORDINATOR")?;
         let run_id = var("DROVE_RUN_ID")?;
-        let (world, rank) = crate::rendezvous::launch_env()?;
+        let request = crate::rendezvous::launch_env()?;
         let token = std::env::var("DROVE_TOKEN").ok();
-        let mut rv = Self::new(&addr, &run_id, world, rank, token.as_deref())?;
+        let mut rv = Self::new(&addr, &run_id, request, token.as_deref())?;
         if let Ok(v) = std::env::var("DROVE_HEARTBEAT_SECS") {
             let secs: f64 = v.trim().parse().map_err(|_| {
                 rendezvous_err(format!("DROVE_HEARTBEAT_SECS={v:?} is not a number of seconds"))
@@ -137,13 +131,13 @@ impl CoordinatorRendezvous {
     }
 
     /// Tells the coordinator this rank is done (with an error message if it failed).
-    pub fn leave(&self, rank: usize, error: Option<&str>) -> Result<(), CommError> {
+    pub fn leave(&self, rank: Rank, error: Option<&str>) -> Result<(), CommError> {
         self.runtime.block_on(async {
             let mut c = Clients::connect(&self.addr, self.token.as_deref()).await.map_err(rendezvous_err)?;
             c.rendezvous
                 .leave(LeaveRequest {
                     run_id: self.run_id.clone(),
-                    rank: rank as i32,
+                    rank: wire_rank(rank),
                     error: error.unwrap_or_default().to_string(),
                 })
                 .await
@@ -153,13 +147,18 @@ impl CoordinatorRendezvous {
     }
 }
 
+/// A rank as the protocol's `int32` (world sizes past `i32::MAX` cannot join).
+fn wire_rank(rank: Rank) -> i32 {
+    i32::try_from(rank.get()).unwrap_or(i32::MAX)
+}
+
 /// How often a joined rank sends a heartbeat by default.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
 
 /// Sends a heartbeat for `rank` every `every` for as long as the process
 /// lives (a stopped or hung process stops sending, which is the point); a
 /// coordinator that is away is tried again at the next beat.
-fn spawn_heartbeats(addr: String, token: Option<String>, run_id: String, rank: usize, every: Duration) {
+fn spawn_heartbeats(addr: String, token: Option<String>, run_id: String, rank: Rank, every: Duration) {
     let beat = move || {
         let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
         runtime.block_on(async {
@@ -175,7 +174,7 @@ fn spawn_heartbeats(addr: String, token: Option<String>, run_id: String, rank: u
                     }
                     let c = clients.as_mut().expect("connected above");
                     let request =
-                        HeartbeatRequest { run_id: run_id.clone(), rank: rank as i32, observer: false };
+                        HeartbeatRequest { run_id: run_id.clone(), rank: wire_rank(rank), observer: false };
                     c.rendezvous.heartbeat(request).await.map_err(|s| s.message().to_string())
                 };
                 match tokio::time::timeout(every.max(Duration::from_secs(1)) * 2, call).await {
@@ -195,8 +194,8 @@ fn spawn_heartbeats(addr: String, token: Option<String>, run_id: String, rank: u
 }
 
 impl Rendezvous for CoordinatorRendezvous {
-    fn world_size(&self) -> usize {
-        self.world
+    fn world_size(&self) -> WorldSize {
+        self.request.world()
     }
 
     fn bind_addr(&self) -> SocketAddr {
@@ -219,10 +218,10 @@ impl Rendezvous for CoordinatorRendezvous {
                 .rendezvous
                 .join(JoinRequest {
                     run_id: self.run_id.clone(),
-                    world_size: self.world as i32,
+                    world_size: i32::try_from(self.request.world().get()).unwrap_or(i32::MAX),
                     address: advertised.to_string(),
                     host: self.host.clone(),
-                    requested_rank: self.requested_rank.map_or(-1, |r| r as i32),
+                    requested_rank: self.request.rank().map_or(-1, wire_rank),
                     timeout_ms: timeout.as_millis() as i64,
                     restart_count: i32::try_from(self.restart_count).unwrap_or(i32::MAX),
                 })
@@ -240,10 +239,18 @@ impl Rendezvous for CoordinatorRendezvous {
                     })
                 })
                 .collect::<Result<Vec<SocketAddr>, _>>()?;
-            Ok(PeerTable { rank: resp.rank as usize, addrs })
+            let (rank, given) = (usize::try_from(resp.rank).unwrap_or(usize::MAX), addrs.len());
+            PeerTable::new(Rank::new(rank), addrs).map_err(|_| {
+                rendezvous_err(format!(
+                    "the rendezvous gave rank {} and {given} addresses for world size {}",
+                    resp.rank,
+                    self.request.world()
+                ))
+            })
         })?;
         if let Some(every) = self.heartbeat {
-            spawn_heartbeats(self.addr.clone(), self.token.clone(), self.run_id.clone(), table.rank, every);
+            let rank = table.place().rank();
+            spawn_heartbeats(self.addr.clone(), self.token.clone(), self.run_id.clone(), rank, every);
         }
         Ok(table)
     }

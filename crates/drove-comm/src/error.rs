@@ -91,3 +91,10 @@ impl CommError {
         CommError::Io { context: context.into(), source }
     }
 }
+
+/// A rank or world size that cannot be, met while ranks find each other.
+impl From<crate::place::PlaceError> for CommError {
+    fn from(e: crate::place::PlaceError) -> Self {
+        CommError::Rendezvous(e.to_string())
+    }
+}

@@ -42,6 +42,7 @@ mod engine;
 mod error;
 pub mod fusion;
 mod mesh;
+mod place;
 mod rendezvous;
 mod shm;
 mod spec;
@@ -54,5 +55,8 @@ pub use coordinator::CoordinatorRendezvous;
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use error::CommError;
 pub use half::{bf16, f16};
-pub use rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous, launch_env, launch_vars};
+pub use place::{Place, PlaceError, Rank, WorldSize};
+pub use rendezvous::{
+    FileRendezvous, PeerTable, RankRequest, Rendezvous, StaticRendezvous, launch_env, launch_vars,
+};
 pub use spec::{OpSpec, SpecKind};

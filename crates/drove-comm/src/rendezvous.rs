@@ -7,20 +7,44 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::CommError;
+use crate::place::{Place, PlaceError, Rank, WorldSize};
 
-/// Every rank's data-plane address, and which one is this rank.
+/// Every rank's data-plane address, and which one is this rank: its place is
+/// in a world of as many ranks as there are addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerTable {
-    /// This rank.
-    pub rank: usize,
+    place: Place,
+    addrs: Vec<SocketAddr>,
+}
+
+impl PeerTable {
+    /// The table of `addrs` (rank order) as seen by `rank`; an error if there
+    /// are no addresses or `rank` has none.
+    pub fn new(rank: Rank, addrs: Vec<SocketAddr>) -> Result<PeerTable, PlaceError> {
+        let place = Place::of(rank, WorldSize::new(addrs.len())?)?;
+        Ok(PeerTable { place, addrs })
+    }
+
+    /// This rank, in its world.
+    pub fn place(&self) -> Place {
+        self.place
+    }
+
     /// Every rank's address, in rank order.
-    pub addrs: Vec<SocketAddr>,
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// This rank's own address.
+    pub fn own_addr(&self) -> SocketAddr {
+        self.addrs[self.place.rank().get()]
+    }
 }
 
 /// Tells a rank who it is and where its peers listen.
 pub trait Rendezvous {
     /// Number of ranks.
-    fn world_size(&self) -> usize;
+    fn world_size(&self) -> WorldSize;
     /// Where this rank's data-plane listener binds (port 0: any free port).
     fn bind_addr(&self) -> SocketAddr;
     /// Publishes this rank's listening address and returns the peer table,
@@ -33,16 +57,44 @@ fn parse_usize(name: &str, value: Option<String>) -> Result<usize, CommError> {
     value.trim().parse().map_err(|_| CommError::Rendezvous(format!("{name}={value:?} is not a whole number")))
 }
 
+/// The place a process asks for in its world: a given rank, or any free one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankRequest {
+    /// Any free rank of a world of this size.
+    Any(WorldSize),
+    /// This rank, in its world.
+    Given(Place),
+}
+
+impl RankRequest {
+    /// The world asked to join.
+    pub fn world(self) -> WorldSize {
+        match self {
+            RankRequest::Any(world) => world,
+            RankRequest::Given(place) => place.world(),
+        }
+    }
+
+    /// The rank asked for, if one is.
+    pub fn rank(self) -> Option<Rank> {
+        match self {
+            RankRequest::Any(_) => None,
+            RankRequest::Given(place) => Some(place.rank()),
+        }
+    }
+}
+
 /// The world size and the rank this process asks for, from a launcher's
 /// variables: `DROVE_WORLD_SIZE` (required, at least 1) and `DROVE_RANK`, or,
 /// in a Kubernetes Indexed Job, `JOB_COMPLETION_INDEX` (so that a restarted pod
-/// keeps its rank). Neither rank variable: any free rank (`None`). `lookup`
-/// reads a variable (the process environment in [`launch_env`]).
-pub fn launch_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<(usize, Option<usize>), CommError> {
+/// keeps its rank). Neither rank variable: any free rank
+/// ([`RankRequest::Any`]). `lookup` reads a variable (the process environment
+/// in [`launch_env`]).
+pub fn launch_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<RankRequest, CommError> {
     let world = parse_usize("DROVE_WORLD_SIZE", lookup("DROVE_WORLD_SIZE"))?;
-    if world == 0 {
-        return Err(CommError::Rendezvous("DROVE_WORLD_SIZE=\"0\": the world needs at least 1 rank".into()));
-    }
+    let world = WorldSize::new(world).map_err(|_| {
+        CommError::Rendezvous("DROVE_WORLD_SIZE=\"0\": the world needs at least 1 rank".into())
+    })?;
     let named = |name: &str| lookup(name).map(|v| parse_usize(name, Some(v)).map(|r| (name.to_string(), r)));
     let rank = match (named("DROVE_RANK").transpose()?, named("JOB_COMPLETION_INDEX").transpose()?) {
         (Some((_, a)), Some((_, b))) if a != b => {
@@ -53,18 +105,17 @@ pub fn launch_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<(usize, Op
         (Some(r), _) | (None, Some(r)) => Some(r),
         (None, None) => None,
     };
-    if let Some((name, r)) = &rank
-        && *r >= world
-    {
-        return Err(CommError::Rendezvous(format!(
+    let Some((name, r)) = rank else { return Ok(RankRequest::Any(world)) };
+    let place = Place::of(Rank::new(r), world).map_err(|_| {
+        CommError::Rendezvous(format!(
             "{name}={r} is out of range for DROVE_WORLD_SIZE={world} (ranks are 0..{world})"
-        )));
-    }
-    Ok((world, rank.map(|(_, r)| r)))
+        ))
+    })?;
+    Ok(RankRequest::Given(place))
 }
 
 /// [`launch_vars`] from this process's environment.
-pub fn launch_env() -> Result<(usize, Option<usize>), CommError> {
+pub fn launch_env() -> Result<RankRequest, CommError> {
     launch_vars(|name| std::env::var(name).ok())
 }
 
@@ -82,16 +133,6 @@ fn parse_peers(text: &str, sep: char, source: &str) -> Result<Vec<SocketAddr>, C
         .collect()
 }
 
-fn check_world(rank: usize, world: usize) -> Result<(), CommError> {
-    if world == 0 {
-        return Err(CommError::Rendezvous("world size must be at least 1, found 0".into()));
-    }
-    if rank >= world {
-        return Err(CommError::Rendezvous(format!("rank {rank} is out of range for world size {world}")));
-    }
-    Ok(())
-}
-
 /// A fixed address table: rank `r` listens on `peers[r]`.
 ///
 /// From the environment: `DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_PEERS`
@@ -99,15 +140,13 @@ fn check_world(rank: usize, world: usize) -> Result<(), CommError> {
 /// `DROVE_PEERS_FILE` (a file with one `host:port` per line, `#` comments).
 #[derive(Clone, Debug)]
 pub struct StaticRendezvous {
-    rank: usize,
-    peers: Vec<SocketAddr>,
+    table: PeerTable,
 }
 
 impl StaticRendezvous {
-    /// A table given directly.
-    pub fn new(rank: usize, peers: Vec<SocketAddr>) -> Result<Self, CommError> {
-        check_world(rank, peers.len())?;
-        Ok(StaticRendezvous { rank, peers })
+    /// A table given directly: `rank` listens on `peers[rank]`.
+    pub fn new(rank: Rank, peers: Vec<SocketAddr>) -> Result<Self, CommError> {
+        Ok(StaticRendezvous { table: PeerTable::new(rank, peers)? })
     }
 
     /// Reads `DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_PEERS` or `DROVE_PEERS_FILE`.
@@ -131,19 +170,19 @@ impl StaticRendezvous {
                 peers.len()
             )));
         }
-        Self::new(rank, peers)
+        Self::new(Rank::new(rank), peers)
     }
 }
 
 impl Rendezvous for StaticRendezvous {
-    fn world_size(&self) -> usize {
-        self.peers.len()
+    fn world_size(&self) -> WorldSize {
+        self.table.place().world()
     }
     fn bind_addr(&self) -> SocketAddr {
-        self.peers[self.rank]
+        self.table.own_addr()
     }
     fn exchange(&self, _listening: SocketAddr, _deadline: Instant) -> Result<PeerTable, CommError> {
-        Ok(PeerTable { rank: self.rank, addrs: self.peers.clone() })
+        Ok(self.table.clone())
     }
 }
 
@@ -153,21 +192,14 @@ impl Rendezvous for StaticRendezvous {
 #[derive(Clone, Debug)]
 pub struct FileRendezvous {
     dir: PathBuf,
-    rank: usize,
-    world: usize,
+    place: Place,
     bind: SocketAddr,
 }
 
 impl FileRendezvous {
-    /// Rank `rank` of `world`, exchanging through `dir`, listening on 127.0.0.1.
-    pub fn new(dir: impl AsRef<Path>, rank: usize, world: usize) -> Result<Self, CommError> {
-        check_world(rank, world)?;
-        Ok(FileRendezvous {
-            dir: dir.as_ref().to_path_buf(),
-            rank,
-            world,
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-        })
+    /// The rank at `place`, exchanging through `dir`, listening on 127.0.0.1.
+    pub fn new(dir: impl AsRef<Path>, place: Place) -> Self {
+        FileRendezvous { dir: dir.as_ref().to_path_buf(), place, bind: SocketAddr::from(([127, 0, 0, 1], 0)) }
     }
 
     /// Reads `DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_RENDEZVOUS_DIR`.
@@ -176,13 +208,13 @@ impl FileRendezvous {
         let world = parse_usize("DROVE_WORLD_SIZE", std::env::var("DROVE_WORLD_SIZE").ok())?;
         let dir = std::env::var("DROVE_RENDEZVOUS_DIR")
             .map_err(|_| CommError::Rendezvous("DROVE_RENDEZVOUS_DIR is not set".into()))?;
-        Self::new(dir, rank, world)
+        Ok(Self::new(dir, Place::new(rank, world)?))
     }
 }
 
 impl Rendezvous for FileRendezvous {
-    fn world_size(&self) -> usize {
-        self.world
+    fn world_size(&self) -> WorldSize {
+        self.place.world()
     }
     fn bind_addr(&self) -> SocketAddr {
         self.bind
@@ -190,12 +222,12 @@ impl Rendezvous for FileRendezvous {
     fn exchange(&self, listening: SocketAddr, deadline: Instant) -> Result<PeerTable, CommError> {
         let io = |what: String| move |e: std::io::Error| CommError::io(what, e);
         std::fs::create_dir_all(&self.dir).map_err(io(format!("creating {}", self.dir.display())))?;
+        let (rank, world) = (self.place.rank().get(), self.place.world().get());
         let file = |r: usize| self.dir.join(format!("rank-{r}.addr"));
-        let tmp = self.dir.join(format!(".rank-{}.addr.{}", self.rank, std::process::id()));
+        let tmp = self.dir.join(format!(".rank-{rank}.addr.{}", std::process::id()));
         std::fs::write(&tmp, listening.to_string()).map_err(io(format!("writing {}", tmp.display())))?;
-        std::fs::rename(&tmp, file(self.rank))
-            .map_err(io(format!("publishing {}", file(self.rank).display())))?;
-        let mut addrs: Vec<Option<SocketAddr>> = vec![None; self.world];
+        std::fs::rename(&tmp, file(rank)).map_err(io(format!("publishing {}", file(rank).display())))?;
+        let mut addrs: Vec<Option<SocketAddr>> = vec![None; world];
         let mut backoff = Duration::from_millis(1);
         loop {
             for (r, slot) in addrs.iter_mut().enumerate() {
@@ -208,10 +240,10 @@ impl Rendezvous for FileRendezvous {
                     *slot = Some(addr);
                 }
             }
-            let missing: Vec<usize> = (0..self.world).filter(|&r| addrs[r].is_none()).collect();
+            let missing: Vec<usize> = (0..world).filter(|&r| addrs[r].is_none()).collect();
             if missing.is_empty() {
                 let addrs = addrs.into_iter().map(|a| a.expect("all present")).collect();
-                return Ok(PeerTable { rank: self.rank, addrs });
+                return Ok(PeerTable { place: self.place, addrs });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -239,7 +271,10 @@ mod tests {
 
     #[test]
     fn launch_variables_give_the_world_and_the_requested_rank() {
-        let ok = |pairs: &[(&str, &str)]| launch_vars(vars(pairs)).unwrap();
+        let ok = |pairs: &[(&str, &str)]| {
+            let request = launch_vars(vars(pairs)).unwrap();
+            (request.world().get(), request.rank().map(Rank::get))
+        };
         assert_eq!(ok(&[("DROVE_WORLD_SIZE", "4")]), (4, None));
         assert_eq!(ok(&[("DROVE_WORLD_SIZE", "4"), ("DROVE_RANK", "2")]), (4, Some(2)));
         assert_eq!(ok(&[("DROVE_WORLD_SIZE", " 4 "), ("JOB_COMPLETION_INDEX", "3")]), (4, Some(3)));
@@ -282,6 +317,11 @@ mod tests {
         assert_eq!(peers, vec!["127.0.0.1:1000".parse().unwrap(), "127.0.0.1:1001".parse().unwrap()]);
         let err = parse_peers("127.0.0.1:1,nonsense", ',', "DROVE_PEERS").unwrap_err().to_string();
         assert!(err.contains("DROVE_PEERS entry 2 (\"nonsense\")"), "{err}");
-        assert!(StaticRendezvous::new(2, peers).unwrap_err().to_string().contains("rank 2 is out of range"));
+        assert!(
+            StaticRendezvous::new(Rank::new(2), peers)
+                .unwrap_err()
+                .to_string()
+                .contains("rank 2 is out of range")
+        );
     }
 }

@@ -8,6 +8,8 @@
 
 use std::path::PathBuf;
 
+use drove_comm::{Rank, RankRequest, WorldSize};
+
 use crate::error::EnvError;
 use crate::progress::ProgressMode;
 
@@ -59,10 +61,10 @@ pub enum RendezvousKind {
 /// What a launcher told this process, read and checked once.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaunchEnv {
-    /// `DROVE_RANK` (or `JOB_COMPLETION_INDEX`); `None`: any free rank, or alone.
-    pub rank: Option<usize>,
-    /// `DROVE_WORLD_SIZE`; `None` when alone.
-    pub world_size: Option<usize>,
+    /// The world (`DROVE_WORLD_SIZE`) and the rank in it (`DROVE_RANK`, or
+    /// `JOB_COMPLETION_INDEX`; else any free one), checked together; `None`
+    /// when alone without a world size.
+    pub place: Option<RankRequest>,
     /// `DROVE_LOCAL_RANK` (0 if unset).
     pub local_rank: usize,
     /// `DROVE_LOCAL_WORLD_SIZE`, if set.
@@ -94,17 +96,12 @@ impl LaunchEnv {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
         let read = Reader(&lookup);
         let rendezvous = read.rendezvous();
-        let (world_size, rank) = match rendezvous {
-            RendezvousKind::Alone => (read.number(var::WORLD_SIZE)?, read.rank()?),
-            _ => {
-                let (world, rank) =
-                    drove_comm::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?;
-                (Some(world), rank)
-            }
+        let place = match (rendezvous, read.text(var::WORLD_SIZE)) {
+            (RendezvousKind::Alone, None) => None,
+            _ => Some(drove_comm::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?),
         };
         Ok(LaunchEnv {
-            rank,
-            world_size,
+            place,
             local_rank: read.number(var::LOCAL_RANK)?.unwrap_or(0),
             local_world_size: read.number(var::LOCAL_WORLD_SIZE)?,
             run_id: read.text(var::RUN_ID),
@@ -115,6 +112,16 @@ impl LaunchEnv {
             timeline: read.text(var::TIMELINE).map(PathBuf::from),
             rendezvous,
         })
+    }
+
+    /// The rank the launcher gave, if it gave one.
+    pub fn rank(&self) -> Option<Rank> {
+        self.place.and_then(RankRequest::rank)
+    }
+
+    /// The world size the launcher gave, if it gave one.
+    pub fn world_size(&self) -> Option<WorldSize> {
+        self.place.map(RankRequest::world)
     }
 
     /// Whether a launcher started this process among others (any rendezvous is set).
@@ -147,11 +154,6 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
                 })
             })
             .transpose()
-    }
-
-    /// Alone, the rank may still be set (a world of one given its rank 0).
-    fn rank(&self) -> Result<Option<usize>, EnvError> {
-        Ok(self.number(var::RANK)?.or(self.number(var::JOB_COMPLETION_INDEX)?))
     }
 
     fn rendezvous(&self) -> RendezvousKind {
@@ -194,7 +196,7 @@ mod tests {
         let e = env(&[]).unwrap();
         assert_eq!(e.rendezvous, RendezvousKind::Alone);
         assert!(!e.under_launcher() && !e.restarted());
-        assert_eq!((e.rank, e.world_size, e.local_rank, e.restart_count), (None, None, 0, 0));
+        assert_eq!((e.place, e.local_rank, e.restart_count), (None, 0, 0));
         assert_eq!(e.progress, ProgressMode::Rank);
     }
 
@@ -214,7 +216,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(e.rendezvous, RendezvousKind::Coordinator);
-        assert_eq!((e.rank, e.world_size, e.local_rank, e.local_world_size), (Some(1), Some(2), 1, Some(2)));
+        assert_eq!(e.place, Some(RankRequest::Given(drove_comm::Place::new(1, 2).unwrap())));
+        assert_eq!((e.rank(), e.world_size().map(WorldSize::get)), (Some(Rank::new(1)), Some(2)));
+        assert_eq!((e.local_rank, e.local_world_size), (1, Some(2)));
         assert_eq!(e.coordinator.as_deref(), Some("127.0.0.1:7000"));
         assert_eq!((e.run_id.as_deref(), e.token.as_deref()), (Some("r1"), Some("secret")));
         assert!(e.restarted() && e.restart_count == 3);
@@ -226,7 +230,9 @@ mod tests {
     fn an_indexed_job_s_index_is_the_rank() {
         let e = env(&[(var::COORDINATOR, "c:1"), (var::WORLD_SIZE, "4"), (var::JOB_COMPLETION_INDEX, "3")])
             .unwrap();
-        assert_eq!((e.rank, e.world_size), (Some(3), Some(4)));
+        assert_eq!((e.rank(), e.world_size().map(WorldSize::get)), (Some(Rank::new(3)), Some(4)));
+        let any = env(&[(var::COORDINATOR, "c:1"), (var::WORLD_SIZE, "4")]).unwrap();
+        assert_eq!(any.place, Some(RankRequest::Any(WorldSize::new(4).unwrap())));
     }
 
     #[test]

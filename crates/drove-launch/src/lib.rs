@@ -62,6 +62,9 @@ mod supervise;
 
 pub use console::{Console, PlainConsole, Stream, prefixed};
 pub use coordinator::{CoordinatorChoice, connect, connect_channel, status_message};
+/// The names of the metrics and events a run records (`drove report` and the
+/// Prometheus exporter read them).
+pub use drove_metrics::metric_names;
 pub use env::{LaunchEnv, RendezvousKind, var};
 pub use error::{EnvError, LaunchError};
 pub use exit::{describe, exit_code, signal_exit_code, signal_name};

@@ -39,6 +39,10 @@ use drove_proto::client::Authed;
 use drove_proto::v1::metrics_client::MetricsClient;
 use drove_proto::v1::{MetricPoint, PushRequest};
 
+/// The names of the metrics and events a drove run records (from drove-proto,
+/// the contract this crate's points travel under).
+pub use drove_proto::metric_names;
+
 /// What can go wrong setting a recorder up or waiting for it.
 #[derive(Debug, thiserror::Error)]
 pub enum RecorderError {

@@ -17,7 +17,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|(rank, device)| {
             let dir = dir.path().to_path_buf();
             std::thread::spawn(move || -> Result<String, String> {
-                let rv = FileRendezvous::new(&dir, rank, world).map_err(|e| e.to_string())?;
+                let place = drove_comm::Place::new(rank, world).map_err(|e| e.to_string())?;
+                let rv = FileRendezvous::new(&dir, place);
                 let mesh = Communicator::connect(&rv, CommOptions::default()).map_err(|e| e.to_string())?;
                 let comm = DeviceComm::connect(&mesh, device, DeviceOptions::default())
                     .map_err(|e| e.to_string())?;

@@ -36,7 +36,7 @@ fn world<T: Send + 'static>(
         .map(|(rank, device)| {
             let (dir, work) = (dir.path().to_path_buf(), work.clone());
             std::thread::spawn(move || {
-                let rv = FileRendezvous::new(&dir, rank, n).unwrap();
+                let rv = FileRendezvous::new(&dir, drove_comm::Place::new(rank, n).unwrap());
                 let mesh = Communicator::connect(&rv, mesh_options(mesh_timeout)).unwrap();
                 work(rank, &mesh, device)
             })

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use drove_metrics::{Delivery, MetricsRecorder, RecorderError};
+use drove_metrics::{Delivery, MetricsRecorder, RecorderError, metric_names};
 
 use crate::{DiagnoseReport, EvalReport, NerOptions, Observer, StepReport};
 
@@ -57,7 +57,7 @@ impl MetricsObserver {
             o.insert("world_size".into(), world_size.into());
             o.insert("restart".into(), restart.into());
         }
-        self.recorder.event(0.0, "options", &options.to_string(), EVENT_TIMEOUT)
+        self.recorder.event(0.0, metric_names::event::OPTIONS, &options.to_string(), EVENT_TIMEOUT)
     }
 
     /// Stops recording and says what became of the points
@@ -76,34 +76,38 @@ impl MetricsObserver {
 
 impl Observer for MetricsObserver {
     fn step(&mut self, r: &StepReport) {
-        self.record(r.step, "loss", r.loss);
-        self.record(r.step, "lr", r.lr);
-        self.record(r.step, "grad_norm", r.grad_norm);
-        self.record(r.step, "sentences_per_s", r.sentences_per_s);
-        self.record(r.step, "tokens_per_s", r.tokens_per_s);
-        self.record(r.step, "epoch", r.epoch as f64);
+        self.record(r.step, metric_names::LOSS, r.loss);
+        self.record(r.step, metric_names::LR, r.lr);
+        self.record(r.step, metric_names::GRAD_NORM, r.grad_norm);
+        self.record(r.step, metric_names::SENTENCES_PER_S, r.sentences_per_s);
+        self.record(r.step, metric_names::TOKENS_PER_S, r.tokens_per_s);
+        self.record(r.step, metric_names::EPOCH, r.epoch as f64);
     }
 
     fn evaluated(&mut self, r: &EvalReport) {
-        self.record(r.step, &format!("{}_f1", r.set), r.f1);
-        self.record(r.step, &format!("{}_precision", r.set), r.precision);
-        self.record(r.step, &format!("{}_recall", r.set), r.recall);
+        self.record(r.step, &metric_names::f1(&r.set), r.f1);
+        self.record(r.step, &metric_names::precision(&r.set), r.precision);
+        self.record(r.step, &metric_names::recall(&r.set), r.recall);
     }
 
     fn diagnosed(&mut self, r: &DiagnoseReport) {
-        self.record(r.step, "mask_agreement", r.mask_agreement);
-        self.record(r.step, "mask_agreement_expected", r.mask_expected);
-        self.record(r.step, "mask_agreement_sigma", r.mask_sigma);
-        self.record(r.step, "grad_cosine", r.grad_cosine);
+        self.record(r.step, metric_names::MASK_AGREEMENT, r.mask_agreement);
+        self.record(r.step, metric_names::MASK_AGREEMENT_EXPECTED, r.mask_expected);
+        self.record(r.step, metric_names::MASK_AGREEMENT_SIGMA, r.mask_sigma);
+        self.record(r.step, metric_names::GRAD_COSINE, r.grad_cosine);
     }
 
     /// A point on every rank; the event (with what the alarm means) once, from
     /// rank 0.
     fn alarm(&mut self, r: &DiagnoseReport) {
-        self.record(r.step, "diversity_alarm", 1.0);
+        self.record(r.step, metric_names::DIVERSITY_ALARM, 1.0);
         if self.rank == 0
-            && let Err(e) =
-                self.recorder.event(r.step as f64, "diversity_alarm", &r.masks.explain(), EVENT_TIMEOUT)
+            && let Err(e) = self.recorder.event(
+                r.step as f64,
+                metric_names::event::DIVERSITY_ALARM,
+                &r.masks.explain(),
+                EVENT_TIMEOUT,
+            )
         {
             self.errors.push(e);
         }

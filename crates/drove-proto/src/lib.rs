@@ -6,7 +6,9 @@
 //! and [`v1::metrics_client::MetricsClient`] (and their `*_server` modules). The
 //! `.proto` files are the source of truth and document every field; this crate
 //! adds to the generated code only the descriptor set for reflection, the
-//! words a [`v1::RunState`] is shown and stored as, and [`client`] connections.
+//! words a [`v1::RunState`] is shown and stored as, [`client`] connections, and
+//! [`metric_names`], the names of the metrics and events a run records (the
+//! contract between the trainer that writes them and the readers of the store).
 //!
 //! ```
 //! let req = drove_proto::v1::JoinRequest { run_id: "demo".into(), world_size: 4, ..Default::default() };
@@ -18,6 +20,8 @@
 //! assert_eq!(beat.state().to_string(), "running");
 //! ```
 #![deny(missing_docs)]
+
+pub mod metric_names;
 
 /// Package `drove.v1`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

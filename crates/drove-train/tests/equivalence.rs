@@ -88,7 +88,7 @@ fn two_ranks_of_batch_8_equal_one_rank_of_batch_16() {
             // Rank 1 starts from other random weights: the broadcast must fix that.
             let model = if rank == 0 { initial.clone() } else { Tagger::<B>::new(&device) };
             std::thread::spawn(move || {
-                let rv = FileRendezvous::new(&dir, rank, 2).unwrap();
+                let rv = FileRendezvous::new(&dir, drove_comm::Place::new(rank, 2).unwrap());
                 let comm = Communicator::connect(&rv, CommOptions::default()).unwrap();
                 params(&train(model, &comm, rank * 8..rank * 8 + 8))
             })

@@ -160,7 +160,7 @@ fn world<T: Send + 'static>(
         .map(|rank| {
             let (dir, work) = (dir.path().to_path_buf(), work.clone());
             std::thread::spawn(move || {
-                let rv = FileRendezvous::new(&dir, rank, world).unwrap();
+                let rv = FileRendezvous::new(&dir, drove_comm::Place::new(rank, world).unwrap());
                 let comm = Communicator::connect(&rv, CommOptions::default()).unwrap();
                 work(rank, &comm)
             })

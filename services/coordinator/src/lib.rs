@@ -271,50 +271,11 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
         .max_encoding_message_size(max_message);
     let (closing, closing_rx) = tokio::sync::watch::channel(false);
     let metrics_service = MetricsService::new(store.clone(), closing_rx);
-    let exporter = match config.metrics_listen {
-        Some(at) => {
-            let listener =
-                prometheus::bind(at).await.map_err(|source| StartError::Bind { addr: at, source })?;
-            let bound = listener.local_addr().map_err(|source| StartError::Bind { addr: at, source })?;
-            let task = tokio::spawn(prometheus::serve(listener, store.clone(), metrics_service.counters()));
-            Some((bound, AbortOnDrop(task)))
-        }
-        None => None,
-    };
+    let exporter = start_exporter(config, &store, metrics_service.counters()).await?;
     let metrics = MetricsServer::new(metrics_service).max_decoding_message_size(64 << 20);
-    // Reflection in both versions: `v1`, and `v1alpha` for the clients that
-    // speak only it (grpcurl 1.8 and older, grpcio-reflection's Python client).
-    let descriptors = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(drove_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection = descriptors().build_v1().map_err(|e| StartError::Reflection(e.to_string()))?;
-    let reflection_v1alpha =
-        descriptors().build_v1alpha().map_err(|e| StartError::Reflection(e.to_string()))?;
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<RendezvousServer<RendezvousService>>().await;
-    health_reporter.set_serving::<WeightsServer<WeightsService>>().await;
-    health_reporter.set_serving::<MetricsServer<MetricsService>>().await;
-
-    let mut builder = tonic::transport::Server::builder()
-        .initial_stream_window_size(Some(8 << 20))
-        .initial_connection_window_size(Some(32 << 20))
-        .max_frame_size(Some(1 << 20))
-        .tcp_nodelay(true);
-    match (&config.tls_cert, &config.tls_key) {
-        (Some(cert), Some(key)) => {
-            let read =
-                |p: &PathBuf| std::fs::read(p).map_err(|e| StartError::Tls(format!("{}: {e}", p.display())));
-            let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
-            builder = builder
-                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
-                .map_err(|e| StartError::Tls(e.to_string()))?;
-        }
-        (None, None) => {}
-        _ => return Err(StartError::Tls("tls_cert and tls_key must be given together".into())),
-    }
-    let router = builder
+    let (reflection, reflection_v1alpha) = reflection()?;
+    let health = health().await;
+    let router = transport(config)?
         .add_service(health)
         .add_service(InterceptedService::new(reflection, auth.clone()))
         .add_service(InterceptedService::new(reflection_v1alpha, auth.clone()))
@@ -341,6 +302,77 @@ pub async fn start(config: &Config) -> Result<Server, StartError> {
         _watchdog: AbortOnDrop(watchdog),
         _exporter: exporter,
     })
+}
+
+/// The Prometheus exporter on `config.metrics_listen`, if one is set: the
+/// address it listens on and its task.
+async fn start_exporter(
+    config: &Config,
+    store: &store::Store,
+    counters: Arc<prometheus::Counters>,
+) -> Result<Option<(SocketAddr, AbortOnDrop)>, StartError> {
+    let Some(at) = config.metrics_listen else { return Ok(None) };
+    let listener = prometheus::bind(at).await.map_err(|source| StartError::Bind { addr: at, source })?;
+    let bound = listener.local_addr().map_err(|source| StartError::Bind { addr: at, source })?;
+    let task = tokio::spawn(prometheus::serve(listener, store.clone(), counters));
+    Ok(Some((bound, AbortOnDrop(task))))
+}
+
+/// Reflection in both versions: `v1`, and `v1alpha` for the clients that
+/// speak only it (grpcurl 1.8 and older, grpcio-reflection's Python client).
+#[allow(clippy::type_complexity)]
+fn reflection() -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
+    StartError,
+> {
+    let descriptors = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(drove_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = descriptors().build_v1().map_err(|e| StartError::Reflection(e.to_string()))?;
+    let reflection_v1alpha =
+        descriptors().build_v1alpha().map_err(|e| StartError::Reflection(e.to_string()))?;
+    Ok((reflection, reflection_v1alpha))
+}
+
+/// `grpc.health.v1`, saying the three services serve.
+async fn health()
+-> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<RendezvousServer<RendezvousService>>().await;
+    health_reporter.set_serving::<WeightsServer<WeightsService>>().await;
+    health_reporter.set_serving::<MetricsServer<MetricsService>>().await;
+    health
+}
+
+/// The gRPC transport: windows sized for streaming blobs, and TLS when the
+/// config names a certificate and its key (one without the other is an error).
+fn transport(config: &Config) -> Result<tonic::transport::Server, StartError> {
+    let builder = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(32 << 20))
+        .max_frame_size(Some(1 << 20))
+        .tcp_nodelay(true);
+    match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => {
+            let read =
+                |p: &PathBuf| std::fs::read(p).map_err(|e| StartError::Tls(format!("{}: {e}", p.display())));
+            let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
+            builder
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .map_err(|e| StartError::Tls(e.to_string()))
+        }
+        (None, None) => Ok(builder),
+        _ => Err(StartError::Tls("tls_cert and tls_key must be given together".into())),
+    }
 }
 
 /// Checks the running runs' heartbeats every tenth of `timeout` (at most

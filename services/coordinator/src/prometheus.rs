@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use drove_proto::metric_names;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::run_state::RunState;
@@ -77,7 +78,9 @@ pub fn render(store: &Store, counters: &Counters) -> Result<String, StoreError> 
     );
     let _ = writeln!(w, "# TYPE drove_diversity_alarm gauge");
     for r in runs.iter().filter(|r| r.state == Some(RunState::Running)) {
-        let raised = events.get(&r.run_id).is_some_and(|e| e.iter().any(|e| e.kind == "diversity_alarm"));
+        let raised = events
+            .get(&r.run_id)
+            .is_some_and(|e| e.iter().any(|e| e.kind == metric_names::event::DIVERSITY_ALARM));
         let _ = writeln!(w, "drove_diversity_alarm{{run=\"{}\"}} {}", label(&r.run_id), u8::from(raised));
     }
     let _ = writeln!(w, "# HELP drove_runs Runs the coordinator knows, by state.");

@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status};
 
 use crate::run_state::RunState;
 use crate::store::{Store, StoreError};
-use crate::validate::{check_run_id, check_world_size, internal};
+use crate::validate::{check_rank, check_run_id, check_world_size, internal, rank_in};
 
 #[derive(Clone, Debug)]
 struct Member {
@@ -110,7 +110,7 @@ impl Run {
                 .position(Option::is_none)
                 .expect("a free rank in a run that is not full"));
         }
-        let r = RendezvousService::rank_of(req.requested_rank, world, "requested_rank")?;
+        let r = check_rank(req.requested_rank, world, "requested_rank")?;
         if self.members[r].is_some() {
             return Err(Status::already_exists(format!("run {:?}: rank {r} is already taken", req.run_id)));
         }
@@ -158,8 +158,7 @@ impl RendezvousService {
         for live in store.live_runs()? {
             let world = live.world_size.max(0) as usize;
             let mut run = Run::new(world);
-            for m in live.members.iter().filter(|m| (m.rank as usize) < world && m.rank >= 0) {
-                let r = m.rank as usize;
+            for (r, m) in live.members.iter().filter_map(|m| Some((rank_in(m.rank, world)?, m))) {
                 run.members[r] = Some(Member { address: m.address.clone(), host: m.host.clone() });
                 run.left[r] = m.left;
                 run.failed |= !m.error.is_empty();
@@ -177,15 +176,6 @@ impl RendezvousService {
 
     fn persist(&self, run_id: &str, state: RunState, world: usize, joined: usize) -> Result<(), Status> {
         self.store.upsert_run(run_id, state, world as i32, joined as i32).map_err(internal)
-    }
-
-    fn rank_of(req_rank: i32, world: usize, field: &str) -> Result<usize, Status> {
-        if req_rank < 0 || req_rank as usize >= world {
-            return Err(Status::invalid_argument(format!(
-                "{field} {req_rank} is out of range for world size {world}"
-            )));
-        }
-        Ok(req_rank as usize)
     }
 }
 
@@ -351,7 +341,7 @@ impl Rendezvous for RendezvousService {
                 .get_mut(&req.run_id)
                 .ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
             if !req.observer {
-                let rank = Self::rank_of(req.rank, run.world_size, "rank")?;
+                let rank = check_rank(req.rank, run.world_size, "rank")?;
                 run.heartbeats[rank] = Some(Instant::now());
             }
             HeartbeatResponse {
@@ -377,7 +367,7 @@ impl Rendezvous for RendezvousService {
                 self.persist(&req.run_id, RunState::ended(!req.error.is_empty()), 0, 0)?;
                 return Ok(Response::new(LeaveResponse {}));
             };
-            let rank = Self::rank_of(req.rank, run.world_size, "rank")?;
+            let rank = check_rank(req.rank, run.world_size, "rank")?;
             run.left[rank] = true;
             if !req.error.is_empty() {
                 run.failed = true;

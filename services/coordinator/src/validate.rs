@@ -30,6 +30,19 @@ pub fn check_world_size(world_size: i32, field: &str) -> Result<(), Status> {
     Ok(())
 }
 
+/// `rank` as an index into a run of `world` workers, if it is one (`0..world`).
+pub fn rank_in(rank: i32, world: usize) -> Option<usize> {
+    usize::try_from(rank).ok().filter(|&r| r < world)
+}
+
+/// A rank of a run of `world` workers, named `field` in the error if it is
+/// not one.
+pub fn check_rank(rank: i32, world: usize, field: &str) -> Result<usize, Status> {
+    rank_in(rank, world).ok_or_else(|| {
+        Status::invalid_argument(format!("{field} {rank} is out of range for world size {world}"))
+    })
+}
+
 /// A store failure, reported without leaking internals beyond the message.
 pub fn internal(e: impl std::fmt::Display) -> Status {
     tracing::error!("{e}");

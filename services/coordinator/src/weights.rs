@@ -7,7 +7,7 @@ use std::pin::Pin;
 
 use drove_proto::v1::weights_server::Weights;
 use drove_proto::v1::{
-    BlobInfo, FetchChunk, FetchRequest, ListBlobsRequest, ListBlobsResponse, PublishChunk,
+    BlobHeader, BlobInfo, FetchChunk, FetchRequest, ListBlobsRequest, ListBlobsResponse, PublishChunk,
 };
 use futures::Stream;
 use sha2::{Digest, Sha256};
@@ -68,6 +68,93 @@ impl Drop for Partial {
     }
 }
 
+impl Partial {
+    /// A new temporary file in the blob folder, named after `final_path` (and
+    /// a nonce, so that concurrent publishes of one name do not meet).
+    fn create(store: &Store, final_path: &std::path::Path) -> Result<(Partial, std::fs::File), Status> {
+        let nonce = now_ms() ^ (std::process::id() as i64) << 20 ^ rand_suffix();
+        let partial = Partial {
+            path: store.blob_dir().join(format!(
+                ".partial-{}-{nonce:x}",
+                final_path.file_name().unwrap_or_default().to_string_lossy()
+            )),
+            keep: false,
+        };
+        let file = std::fs::File::create(&partial.path).map_err(internal)?;
+        Ok((partial, file))
+    }
+}
+
+/// Checks a publish header's name and sha256; returns the sha256 in lower case.
+fn check_header(header: &BlobHeader) -> Result<String, Status> {
+    check_name(&header.name)?;
+    let want_sha = header.sha256.to_ascii_lowercase();
+    if want_sha.len() != 64 || !want_sha.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(Status::invalid_argument(format!(
+            "header.sha256 must be 64 hex digits, found {:?}",
+            header.sha256
+        )));
+    }
+    Ok(want_sha)
+}
+
+impl WeightsService {
+    /// Writes the chunks of a publish (`first`, then the rest of `stream`) to
+    /// `file` while hashing them, each checked against the chunk limit and the
+    /// declared `size`; returns the bytes written and their sha256 in hex.
+    async fn receive(
+        &self,
+        first: PublishChunk,
+        stream: &mut Streaming<PublishChunk>,
+        size: u64,
+        file: &mut std::fs::File,
+    ) -> Result<(u64, String), Status> {
+        let mut hasher = Sha256::new();
+        let mut written: u64 = 0;
+        let mut chunk = Some(first);
+        let mut index = 0usize;
+        loop {
+            let c = match chunk.take() {
+                Some(c) => c,
+                None => match stream.next().await {
+                    Some(c) => c?,
+                    None => break,
+                },
+            };
+            self.check_chunk(index, &c, written, size)?;
+            hasher.update(&c.data);
+            file.write_all(&c.data).map_err(internal)?;
+            written += c.data.len() as u64;
+            index += 1;
+        }
+        Ok((written, hex(&hasher.finalize())))
+    }
+
+    /// Chunk `index` of a publish of `size` bytes, `written` of them so far:
+    /// no header after the first, within the chunk limit, not past `size`.
+    fn check_chunk(&self, index: usize, c: &PublishChunk, written: u64, size: u64) -> Result<(), Status> {
+        if index > 0 && c.header.is_some() {
+            return Err(Status::invalid_argument(format!(
+                "chunk {index} carries a header; only the first may"
+            )));
+        }
+        if c.data.len() > self.max_chunk {
+            return Err(Status::invalid_argument(format!(
+                "chunk {index}: data of {} bytes exceeds the chunk limit of {} bytes",
+                c.data.len(),
+                self.max_chunk
+            )));
+        }
+        if written + c.data.len() as u64 > size {
+            return Err(Status::invalid_argument(format!(
+                "chunk {index} goes past the declared header.size of {size} bytes (reaches {})",
+                written + c.data.len() as u64
+            )));
+        }
+        Ok(())
+    }
+}
+
 type FetchStream = Pin<Box<dyn Stream<Item = Result<FetchChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -81,67 +168,16 @@ impl Weights for WeightsService {
             .header
             .clone()
             .ok_or_else(|| Status::invalid_argument("the first chunk must carry header"))?;
-        check_name(&header.name)?;
-        let want_sha = header.sha256.to_ascii_lowercase();
-        if want_sha.len() != 64 || !want_sha.chars().all(|c| c.is_ascii_hexdigit()) {
-            return Err(Status::invalid_argument(format!(
-                "header.sha256 must be 64 hex digits, found {:?}",
-                header.sha256
-            )));
-        }
+        let want_sha = check_header(&header)?;
         let final_path = self.store.blob_path(&header.name);
-        let nonce = now_ms() ^ (std::process::id() as i64) << 20 ^ rand_suffix();
-        let partial = Partial {
-            path: self.store.blob_dir().join(format!(
-                ".partial-{}-{nonce:x}",
-                final_path.file_name().unwrap_or_default().to_string_lossy()
-            )),
-            keep: false,
-        };
-        let mut file = std::fs::File::create(&partial.path).map_err(internal)?;
-        let mut hasher = Sha256::new();
-        let mut written: u64 = 0;
-        let mut chunk = Some(first);
-        let mut index = 0usize;
-        loop {
-            let c = match chunk.take() {
-                Some(c) => c,
-                None => match stream.next().await {
-                    Some(c) => c?,
-                    None => break,
-                },
-            };
-            if index > 0 && c.header.is_some() {
-                return Err(Status::invalid_argument(format!(
-                    "chunk {index} carries a header; only the first may"
-                )));
-            }
-            if c.data.len() > self.max_chunk {
-                return Err(Status::invalid_argument(format!(
-                    "chunk {index}: data of {} bytes exceeds the chunk limit of {} bytes",
-                    c.data.len(),
-                    self.max_chunk
-                )));
-            }
-            if written + c.data.len() as u64 > header.size {
-                return Err(Status::invalid_argument(format!(
-                    "chunk {index} goes past the declared header.size of {} bytes (reaches {})",
-                    header.size,
-                    written + c.data.len() as u64
-                )));
-            }
-            hasher.update(&c.data);
-            file.write_all(&c.data).map_err(internal)?;
-            written += c.data.len() as u64;
-            index += 1;
-        }
+        let (mut partial, mut file) = Partial::create(&self.store, &final_path)?;
+        let (written, got_sha) = self.receive(first, &mut stream, header.size, &mut file).await?;
         if written != header.size {
             return Err(Status::invalid_argument(format!(
                 "the stream ended after {written} bytes, but header.size declared {}",
                 header.size
             )));
         }
-        let got_sha = hex(&hasher.finalize());
         if got_sha != want_sha {
             return Err(Status::invalid_argument(format!(
                 "header.sha256 is {want_sha} but the bytes received hash to {got_sha}"
@@ -150,7 +186,6 @@ impl Weights for WeightsService {
         file.sync_all().map_err(internal)?;
         drop(file);
         std::fs::rename(&partial.path, &final_path).map_err(internal)?;
-        let mut partial = partial;
         partial.keep = true;
         let row = BlobRow { name: header.name.clone(), size: written, sha256: got_sha, created_ms: now_ms() };
         self.store.put_blob(&row).map_err(internal)?;

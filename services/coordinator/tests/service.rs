@@ -363,6 +363,7 @@ fn points(run: &str, rank: i32, steps: std::ops::Range<i32>) -> Vec<MetricPoint>
         .collect()
 }
 
+#[allow(clippy::too_many_lines)] // tests are exempt: one scenario, read top to bottom
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_from_four_ranks_aggregate_as_sent_and_watchers_follow() {
     let f = fixture(None).await;

@@ -12,6 +12,8 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use drove_proto::metric_names::{self as metric, Score};
+
 use super::data::{Point, RunData};
 
 /// Chart width in pixels (PNG) and user units (SVG).
@@ -155,14 +157,14 @@ pub fn build(run: &RunData) -> Vec<Chart> {
     let names = by_name(&run.points);
     let stats = |name: &str| names.get(name).map(|p| per_step(p)).unwrap_or_default();
     let mut charts = Vec::new();
-    charts.extend(loss(&stats("loss")));
+    charts.extend(loss(&stats(metric::LOSS)));
     charts.extend(mask_agreement(&stats));
-    charts.extend(evaluations(&names, &stats("epoch")));
-    charts.extend(grad_cosine(&stats("grad_cosine")));
+    charts.extend(evaluations(&names, &stats(metric::EPOCH)));
+    charts.extend(grad_cosine(&stats(metric::GRAD_COSINE)));
     for (id, title, y, label) in [
-        ("lr", "Learning rate", "learning rate", "learning rate"),
-        ("grad_norm", "Gradient norm (before clipping)", "L2 norm", "gradient norm"),
-        ("sentences_per_s", "Throughput", "sentences/s (all ranks)", "sentences/s"),
+        (metric::LR, "Learning rate", "learning rate", "learning rate"),
+        (metric::GRAD_NORM, "Gradient norm (before clipping)", "L2 norm", "gradient norm"),
+        (metric::SENTENCES_PER_S, "Throughput", "sentences/s (all ranks)", "sentences/s"),
     ] {
         let s = stats(id);
         if !s.is_empty() {
@@ -181,7 +183,7 @@ fn loss(loss: &[StepStats]) -> Option<Chart> {
     band.y = loss.iter().map(|s| s.max).collect();
     band.low = Some(loss.iter().map(|s| s.min).collect());
     let mean = line("mean across ranks", Kind::Line, 0, loss);
-    Some(chart("loss", "Training loss", "step", "loss", vec![band, mean]))
+    Some(chart(metric::LOSS, "Training loss", "step", "loss", vec![band, mean]))
 }
 
 /// The gradient cosine of each diagnosed step.
@@ -191,7 +193,7 @@ fn grad_cosine(cosine: &[StepStats]) -> Option<Chart> {
     }
     let kind = if cosine.len() > 50 { Kind::Line } else { Kind::Markers };
     let mut c = chart(
-        "grad_cosine",
+        metric::GRAD_COSINE,
         "Gradient cosine between ranks (diagnosed steps)",
         "step",
         "mean cosine over pairs of ranks",
@@ -209,13 +211,13 @@ fn evaluations(names: &BTreeMap<&str, Vec<&Point>>, epochs: &[StepStats]) -> Vec
     let epochs_of =
         |stats: &[StepStats]| stats.iter().map(|s| epoch_at(s.step)).collect::<Option<Vec<f64>>>();
     let mut charts = Vec::new();
-    for set in names.keys().filter_map(|n| n.strip_suffix("_f1")) {
+    for set in names.keys().filter_map(|n| Score::F1.set_of(n)) {
         let found: Vec<(usize, &str, Vec<StepStats>)> =
-            [("f1", "entity F1"), ("precision", "precision"), ("recall", "recall")]
+            [(Score::F1, "entity F1"), (Score::Precision, "precision"), (Score::Recall, "recall")]
                 .into_iter()
                 .enumerate()
-                .filter_map(|(i, (what, label))| {
-                    names.get(format!("{set}_{what}").as_str()).map(|p| (i, label, per_step(p)))
+                .filter_map(|(i, (score, label))| {
+                    names.get(score.name(set).as_str()).map(|p| (i, label, per_step(p)))
                 })
                 .collect();
         let by_epoch = found.iter().all(|(_, _, stats)| epochs_of(stats).is_some());
@@ -249,12 +251,12 @@ fn file_safe(name: &str) -> String {
 /// Mask agreement per diagnosed step, with the agreement of independent masks
 /// and its 3-sigma band (from `mask_agreement_expected` and `_sigma`).
 fn mask_agreement(stats: &dyn Fn(&str) -> Vec<StepStats>) -> Option<Chart> {
-    let agreement = stats("mask_agreement");
+    let agreement = stats(metric::MASK_AGREEMENT);
     if agreement.is_empty() {
         return None;
     }
-    let expected = stats("mask_agreement_expected");
-    let sigma = stats("mask_agreement_sigma");
+    let expected = stats(metric::MASK_AGREEMENT_EXPECTED);
+    let sigma = stats(metric::MASK_AGREEMENT_SIGMA);
     let mut series = Vec::new();
     // The band where both the expected value and sigma were recorded.
     let band: Vec<(f64, f64, f64)> = expected
@@ -278,7 +280,7 @@ fn mask_agreement(stats: &dyn Fn(&str) -> Vec<StepStats>) -> Option<Chart> {
     let kind = if agreement.len() > 50 { Kind::Line } else { Kind::Markers };
     series.push(line(AGREEMENT, kind, 1, &agreement));
     let mut c = chart(
-        "mask_agreement",
+        metric::MASK_AGREEMENT,
         "Mask agreement across ranks (diagnosed steps)",
         "step",
         "fraction of positions masked alike",

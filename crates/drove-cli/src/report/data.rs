@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
 use drove_coordinator::store::{self, EventRow, Filter, Store};
+use drove_proto::metric_names;
 use drove_proto::v1::{Aggregation, ListRunsRequest, QueryPoint, QueryRequest, RunEvent, RunInfo, RunState};
 use serde::{Serialize, Serializer};
 
@@ -99,7 +100,7 @@ impl RunData {
     /// The options the run recorded last (rank 0's `options` event: a JSON
     /// object), if any.
     pub fn options(&self) -> Option<serde_json::Map<String, serde_json::Value>> {
-        let event = self.events.iter().rev().find(|e| e.kind == "options")?;
+        let event = self.events.iter().rev().find(|e| e.kind == metric_names::event::OPTIONS)?;
         match serde_json::from_str(&event.message) {
             Ok(serde_json::Value::Object(o)) => Some(o),
             _ => None,

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
+use drove_proto::metric_names;
 use serde::Serialize;
 
 use charts::Chart;
@@ -74,7 +75,7 @@ pub struct Verdict {
 impl Verdict {
     /// The verdict of `run` and its mask-agreement chart, if any.
     pub fn of(run: &RunData, masks: Option<&Chart>) -> Verdict {
-        if let Some(alarm) = run.events.iter().find(|e| e.kind == "diversity_alarm") {
+        if let Some(alarm) = run.events.iter().find(|e| e.kind == metric_names::event::DIVERSITY_ALARM) {
             return Verdict {
                 status: "alarm",
                 text: format!(
@@ -155,7 +156,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
 pub fn write(run: &RunData, out: &Path) -> anyhow::Result<usize> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let charts = charts::build(run);
-    let verdict = Verdict::of(run, charts.iter().find(|c| c.id == "mask_agreement"));
+    let verdict = Verdict::of(run, charts.iter().find(|c| c.id == metric_names::MASK_AGREEMENT));
     let mut svgs = Vec::with_capacity(charts.len());
     for chart in &charts {
         let svg = chart.svg().with_context(|| format!("drawing chart {:?} as SVG", chart.id))?;

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use drove_proto::metric_names;
 use drove_proto::v1::RunState;
 
 use super::Verdict;
@@ -97,7 +98,7 @@ pub fn html(
     }
     for (missing, why) in [
         ("eval_", "No evaluation recorded (yet): sets are evaluated at the end of each epoch."),
-        ("mask_agreement", "No mask diagnostic recorded: see the verdict above."),
+        (metric_names::MASK_AGREEMENT, "No mask diagnostic recorded: see the verdict above."),
     ] {
         if !charts.iter().any(|c| c.id.starts_with(missing)) {
             let _ = writeln!(h, "<p class=\"missing\">{}</p>", escape(why));
@@ -155,7 +156,7 @@ fn shown(v: &serde_json::Value) -> String {
 
 /// Events other than the options, oldest first.
 fn events(h: &mut String, run: &RunData) {
-    let events: Vec<_> = run.events.iter().filter(|e| e.kind != "options").collect();
+    let events: Vec<_> = run.events.iter().filter(|e| e.kind != metric_names::event::OPTIONS).collect();
     if events.is_empty() {
         return;
     }

@@ -96,6 +96,34 @@ impl Checks {
     }
 }
 
+/// One shape of the closed-form checks: every rank holds `t` shifted by its rank.
+struct Case<'a> {
+    comm: &'a Communicator,
+    rank: i64,
+    size: i64,
+    dim: usize,
+    shape: Vec<usize>,
+    t: Vec<i64>,
+    /// `DTYPE dim DIM`, in every check's name.
+    tag: String,
+    /// Whether sums are compared exactly.
+    exact: bool,
+}
+
+impl Case<'_> {
+    fn rank_sum(&self) -> i64 {
+        self.size * (self.size - 1) / 2
+    }
+}
+
+fn mk<T: Num>(v: &[i64]) -> Vec<T> {
+    v.iter().map(|&x| T::from_i64(x)).collect()
+}
+
+fn shifted(v: &[i64], by: i64) -> Vec<i64> {
+    v.iter().map(|&x| x + by).collect()
+}
+
 fn closed_form_for<T: Num>(comm: &Communicator, c: &mut Checks) {
     let (rank, size) = (comm.rank() as i64, comm.world_size() as i64);
     let dtype = T::DTYPE;
@@ -106,103 +134,144 @@ fn closed_form_for<T: Num>(comm: &Communicator, c: &mut Checks) {
         let n: usize = shape.iter().product();
         let t = base(n, -8, 8, dim as u64);
         let tag = format!("{dtype} dim {dim}");
-        let mk = |v: &[i64]| v.iter().map(|&x| T::from_i64(x)).collect::<Vec<T>>();
-        let shifted = |v: &[i64], by: i64| v.iter().map(|&x| x + by).collect::<Vec<i64>>();
-        let rank_sum = size * (size - 1) / 2;
-
-        for (op, want) in [
-            (ReduceOp::Sum, t.iter().map(|&x| (x * size + rank_sum) as f64).collect::<Vec<_>>()),
-            (ReduceOp::Min, t.iter().map(|&x| x as f64).collect()),
-            (ReduceOp::Max, t.iter().map(|&x| (x + size - 1) as f64).collect()),
-            (
-                ReduceOp::Average,
-                t.iter()
-                    .map(|&x| {
-                        let s = x * size + rank_sum;
-                        if dtype.is_float() { s as f64 / size as f64 } else { (s / size) as f64 }
-                    })
-                    .collect(),
-            ),
-        ] {
-            let mut data = mk(&shifted(&t, rank));
-            let name = format!("{op} {tag}");
-            if c.ok(&name, comm.all_reduce(&name, &shape, T::tensor_mut(&mut data), ReduceOptions::new(op))) {
-                let exact = exact && (op != ReduceOp::Average || !dtype.is_float());
-                c.close(&name, &data, &want, exact || matches!(op, ReduceOp::Min | ReduceOp::Max));
-            }
-        }
-        // Product of {-2, -1, 1, 2}: at most 2^size in magnitude, exact.
-        let p =
-            base(n, 0, 4, 7 + dim as u64).iter().map(|&x| [-2, -1, 1, 2][x as usize]).collect::<Vec<i64>>();
-        let mut data = mk(&p);
-        let name = format!("product {tag}");
-        if c.ok(
-            &name,
-            comm.all_reduce(&name, &shape, T::tensor_mut(&mut data), ReduceOptions::new(ReduceOp::Product)),
-        ) {
-            c.close(&name, &data, &p.iter().map(|&x| (x as f64).powi(size as i32)).collect::<Vec<_>>(), true);
-        }
-        // Pre- and post-scaling (floats): 0.5 * x on every rank, summed, times 3.
+        let case = Case { comm, rank, size, dim, shape, t, tag, exact };
+        reductions::<T>(&case, c);
+        product::<T>(&case, c);
         if dtype.is_float() {
-            let mut data = mk(&shifted(&t, rank));
-            let name = format!("scaled sum {tag}");
-            let opts = ReduceOptions::sum().prescale(0.5).postscale(3.0);
-            if c.ok(&name, comm.all_reduce(&name, &shape, T::tensor_mut(&mut data), opts)) {
-                let want: Vec<f64> = t.iter().map(|&x| 1.5 * (x * size + rank_sum) as f64).collect();
-                c.close(
-                    &name,
-                    &data,
-                    &want,
-                    !matches!(dtype, drove_comm::DType::F16 | drove_comm::DType::BF16) && exact,
-                );
+            scaled_sum::<T>(&case, c);
+        }
+        broadcasts::<T>(&case, c);
+        all_gather::<T>(&case, c);
+        reduce_scatter::<T>(&case, c);
+    }
+}
+
+/// Sum, min, max and average of the shifted tensors.
+fn reductions<T: Num>(case: &Case<'_>, c: &mut Checks) {
+    let (t, size, rank_sum, dtype) = (&case.t, case.size, case.rank_sum(), T::DTYPE);
+    for (op, want) in [
+        (ReduceOp::Sum, t.iter().map(|&x| (x * size + rank_sum) as f64).collect::<Vec<_>>()),
+        (ReduceOp::Min, t.iter().map(|&x| x as f64).collect()),
+        (ReduceOp::Max, t.iter().map(|&x| (x + size - 1) as f64).collect()),
+        (
+            ReduceOp::Average,
+            t.iter()
+                .map(|&x| {
+                    let s = x * size + rank_sum;
+                    if dtype.is_float() { s as f64 / size as f64 } else { (s / size) as f64 }
+                })
+                .collect(),
+        ),
+    ] {
+        let mut data = mk::<T>(&shifted(t, case.rank));
+        let name = format!("{op} {}", case.tag);
+        let r = case.comm.all_reduce(&name, &case.shape, T::tensor_mut(&mut data), ReduceOptions::new(op));
+        if c.ok(&name, r) {
+            let exact = case.exact && (op != ReduceOp::Average || !dtype.is_float());
+            c.close(&name, &data, &want, exact || matches!(op, ReduceOp::Min | ReduceOp::Max));
+        }
+    }
+}
+
+/// Product of {-2, -1, 1, 2}: at most 2^size in magnitude, exact.
+fn product<T: Num>(case: &Case<'_>, c: &mut Checks) {
+    let n = case.t.len();
+    let p =
+        base(n, 0, 4, 7 + case.dim as u64).iter().map(|&x| [-2, -1, 1, 2][x as usize]).collect::<Vec<i64>>();
+    let mut data = mk::<T>(&p);
+    let name = format!("product {}", case.tag);
+    if c.ok(
+        &name,
+        case.comm.all_reduce(
+            &name,
+            &case.shape,
+            T::tensor_mut(&mut data),
+            ReduceOptions::new(ReduceOp::Product),
+        ),
+    ) {
+        c.close(
+            &name,
+            &data,
+            &p.iter().map(|&x| (x as f64).powi(case.size as i32)).collect::<Vec<_>>(),
+            true,
+        );
+    }
+}
+
+/// Pre- and post-scaling (floats): 0.5 * x on every rank, summed, times 3.
+fn scaled_sum<T: Num>(case: &Case<'_>, c: &mut Checks) {
+    let mut data = mk::<T>(&shifted(&case.t, case.rank));
+    let name = format!("scaled sum {}", case.tag);
+    let opts = ReduceOptions::sum().prescale(0.5).postscale(3.0);
+    if c.ok(&name, case.comm.all_reduce(&name, &case.shape, T::tensor_mut(&mut data), opts)) {
+        let want: Vec<f64> = case.t.iter().map(|&x| 1.5 * (x * case.size + case.rank_sum()) as f64).collect();
+        c.close(
+            &name,
+            &data,
+            &want,
+            !matches!(T::DTYPE, drove_comm::DType::F16 | drove_comm::DType::BF16) && case.exact,
+        );
+    }
+}
+
+/// Broadcast from every root: the root's tensor everywhere, the root's unchanged.
+fn broadcasts<T: Num>(case: &Case<'_>, c: &mut Checks) {
+    for root in 0..case.size {
+        let mut data = mk::<T>(&shifted(&case.t, case.rank));
+        let name = format!("broadcast from {root} {}", case.tag);
+        if c.ok(&name, case.comm.broadcast(&name, &case.shape, T::tensor_mut(&mut data), root as usize)) {
+            c.close(
+                &name,
+                &data,
+                &shifted(&case.t, root).iter().map(|&x| x as f64).collect::<Vec<_>>(),
+                true,
+            );
+        }
+    }
+}
+
+/// All-gather, first dimension 17 + rank.
+fn all_gather<T: Num>(case: &Case<'_>, c: &mut Checks) {
+    let (rank, size) = (case.rank, case.size);
+    let mut gshape = case.shape.clone();
+    gshape[0] = 17 + rank as usize;
+    let row: usize = case.shape[1..].iter().product();
+    let mine: Vec<i64> = (0..gshape[0] * row).map(|i| rank * 50 + (i % 50) as i64).collect();
+    let name = format!("all_gather {}", case.tag);
+    match case.comm.all_gather(&name, &gshape, T::tensor_ref(&mk::<T>(&mine))) {
+        Ok(g) => {
+            let want: Vec<f64> = (0..size)
+                .flat_map(|r| (0..(17 + r as usize) * row).map(move |i| (r * 50 + (i % 50) as i64) as f64))
+                .collect();
+            let got = T::from_buffer(g.data).expect("same dtype back");
+            c.close(&name, &got, &want, true);
+            c.count += 1;
+            if g.first_dims != (0..size as usize).map(|r| 17 + r).collect::<Vec<_>>() {
+                c.failures.push(format!("{name}: first dims {:?}", g.first_dims));
             }
         }
-        // Broadcast from every root: the root's tensor everywhere, the root's unchanged.
-        for root in 0..size {
-            let mut data = mk(&shifted(&t, rank));
-            let name = format!("broadcast from {root} {tag}");
-            if c.ok(&name, comm.broadcast(&name, &shape, T::tensor_mut(&mut data), root as usize)) {
-                c.close(&name, &data, &shifted(&t, root).iter().map(|&x| x as f64).collect::<Vec<_>>(), true);
-            }
+        Err(e) => c.failures.push(format!("{name}: {e}")),
+    }
+}
+
+/// Reduce-scatter: this rank's rows of T, times the world size.
+fn reduce_scatter<T: Num>(case: &Case<'_>, c: &mut Checks) {
+    let (rank, size) = (case.rank, case.size);
+    let row: usize = case.shape[1..].iter().product();
+    let mut rshape = case.shape.clone();
+    rshape[0] = 2 * size as usize + 1;
+    let rn: usize = rshape.iter().product();
+    let rt = base(rn, -8, 8, 11 + case.dim as u64);
+    let name = format!("reduce_scatter {}", case.tag);
+    match case.comm.reduce_scatter(&name, &rshape, T::tensor_ref(&mk::<T>(&rt)), ReduceOptions::sum()) {
+        Ok(g) => {
+            let rows_before: usize = g.first_dims[..rank as usize].iter().sum();
+            let mine = &rt[rows_before * row..(rows_before + g.first_dims[rank as usize]) * row];
+            let want: Vec<f64> = mine.iter().map(|&x| (x * size) as f64).collect();
+            let got = T::from_buffer(g.data).expect("same dtype back");
+            c.close(&name, &got, &want, true);
         }
-        // All-gather, first dimension 17 + rank.
-        let mut gshape = shape.clone();
-        gshape[0] = 17 + rank as usize;
-        let row: usize = shape[1..].iter().product();
-        let mine: Vec<i64> = (0..gshape[0] * row).map(|i| rank * 50 + (i % 50) as i64).collect();
-        let name = format!("all_gather {tag}");
-        match comm.all_gather(&name, &gshape, T::tensor_ref(&mk(&mine))) {
-            Ok(g) => {
-                let want: Vec<f64> = (0..size)
-                    .flat_map(|r| {
-                        (0..(17 + r as usize) * row).map(move |i| (r * 50 + (i % 50) as i64) as f64)
-                    })
-                    .collect();
-                let got = T::from_buffer(g.data).expect("same dtype back");
-                c.close(&name, &got, &want, true);
-                c.count += 1;
-                if g.first_dims != (0..size as usize).map(|r| 17 + r).collect::<Vec<_>>() {
-                    c.failures.push(format!("{name}: first dims {:?}", g.first_dims));
-                }
-            }
-            Err(e) => c.failures.push(format!("{name}: {e}")),
-        }
-        // Reduce-scatter: this rank's rows of T, times the world size.
-        let mut rshape = shape.clone();
-        rshape[0] = 2 * size as usize + 1;
-        let rn: usize = rshape.iter().product();
-        let rt = base(rn, -8, 8, 11 + dim as u64);
-        let name = format!("reduce_scatter {tag}");
-        match comm.reduce_scatter(&name, &rshape, T::tensor_ref(&mk(&rt)), ReduceOptions::sum()) {
-            Ok(g) => {
-                let rows_before: usize = g.first_dims[..rank as usize].iter().sum();
-                let mine = &rt[rows_before * row..(rows_before + g.first_dims[rank as usize]) * row];
-                let want: Vec<f64> = mine.iter().map(|&x| (x * size) as f64).collect();
-                let got = T::from_buffer(g.data).expect("same dtype back");
-                c.close(&name, &got, &want, true);
-            }
-            Err(e) => c.failures.push(format!("{name}: {e}")),
-        }
+        Err(e) => c.failures.push(format!("{name}: {e}")),
     }
 }
 

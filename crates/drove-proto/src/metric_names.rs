@@ -1,0 +1,115 @@
+//! The names of the metrics and the kinds of the events a drove training run
+//! records, in one place.
+//!
+//! A metric's name is the only thing that ties the trainer, which records it,
+//! to the readers of the store: `drove report`, which charts it, and the
+//! coordinator's Prometheus exporter. They live here, in the contract all of
+//! them depend on, so that a rename is one edit and a misspelt name does not
+//! compile.
+//!
+//! ```
+//! use drove_proto::metric_names::{self, Score};
+//!
+//! assert_eq!(metric_names::f1("valid"), "valid_f1");
+//! assert_eq!(Score::F1.set_of("valid_f1"), Some("valid"));
+//! assert_eq!(Score::Recall.set_of("valid_f1"), None);
+//! ```
+
+/// The training loss of a step (the rank's share of the global loss).
+pub const LOSS: &str = "loss";
+/// The learning rate a step was taken at.
+pub const LR: &str = "lr";
+/// The global gradient norm before clipping.
+pub const GRAD_NORM: &str = "grad_norm";
+/// Sentences per second of all ranks.
+pub const SENTENCES_PER_S: &str = "sentences_per_s";
+/// Tokens per second of the rank.
+pub const TOKENS_PER_S: &str = "tokens_per_s";
+/// The epoch a step belongs to.
+pub const EPOCH: &str = "epoch";
+/// The fraction of positions masked alike across ranks (a diagnosed step).
+pub const MASK_AGREEMENT: &str = "mask_agreement";
+/// The agreement independent masks would have.
+pub const MASK_AGREEMENT_EXPECTED: &str = "mask_agreement_expected";
+/// The standard deviation of the agreement of independent masks.
+pub const MASK_AGREEMENT_SIGMA: &str = "mask_agreement_sigma";
+/// The mean cosine between the ranks' local gradients (a diagnosed step).
+pub const GRAD_COSINE: &str = "grad_cosine";
+/// 1 at a step where the diversity alarm went off (also an [`event`] kind).
+pub const DIVERSITY_ALARM: &str = "diversity_alarm";
+
+/// The kinds of a run's events.
+pub mod event {
+    /// The run's options, a JSON object (rank 0, at step 0).
+    pub const OPTIONS: &str = "options";
+    /// The masks were found identical (or anti-correlated) across ranks; the
+    /// message says why.
+    pub const DIVERSITY_ALARM: &str = super::DIVERSITY_ALARM;
+}
+
+/// A score of an evaluation on a named set, recorded as `SET_f1`,
+/// `SET_precision` and `SET_recall`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Score {
+    /// The entity-level F1.
+    F1,
+    /// The entity-level precision.
+    Precision,
+    /// The entity-level recall.
+    Recall,
+}
+
+impl Score {
+    /// Every score, in the order they are shown.
+    pub const ALL: [Score; 3] = [Score::F1, Score::Precision, Score::Recall];
+
+    /// What follows the set's name: `_f1`, `_precision`, `_recall`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Score::F1 => "_f1",
+            Score::Precision => "_precision",
+            Score::Recall => "_recall",
+        }
+    }
+
+    /// The metric's name for the evaluation on `set`.
+    pub fn name(self, set: &str) -> String {
+        format!("{set}{}", self.suffix())
+    }
+
+    /// The set whose score this `name` is, if it is one.
+    pub fn set_of(self, name: &str) -> Option<&str> {
+        name.strip_suffix(self.suffix())
+    }
+}
+
+/// `SET_f1`: the entity-level F1 on `set`.
+pub fn f1(set: &str) -> String {
+    Score::F1.name(set)
+}
+
+/// `SET_precision`: the entity-level precision on `set`.
+pub fn precision(set: &str) -> String {
+    Score::Precision.name(set)
+}
+
+/// `SET_recall`: the entity-level recall on `set`.
+pub fn recall(set: &str) -> String {
+    Score::Recall.name(set)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scores_name_a_set_and_read_it_back() {
+        for score in Score::ALL {
+            assert_eq!(score.set_of(&score.name("test set")), Some("test set"));
+        }
+        assert_eq!(precision("valid"), "valid_precision");
+        assert_eq!(recall("valid"), "valid_recall");
+        assert_eq!(Score::F1.set_of(LOSS), None);
+        assert_eq!(event::DIVERSITY_ALARM, DIVERSITY_ALARM);
+    }
+}
