@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::{DROVE, read_latest, relative_difference, run, text, under_run};
+use common::{DROVE, assert_listed_run, read_latest, relative_difference, run, text, under_run};
 use drove_coordinator::store::{Agg, Filter, Store};
 use drove_launch::Progress;
 
@@ -205,15 +205,7 @@ fn a_killed_rank_restarts_the_world_which_resumes_with_metrics_report_and_progre
     drop(stored);
 
     // `drove runs` lists it finished after one restart; `drove report` draws its loss.
-    let out = run(Command::new(DROVE).args(["runs", "--json", "--store"]).arg(&store));
-    assert!(out.status.success(), "{}", text(&out));
-    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let r = &runs["runs"][0];
-    assert_eq!(
-        (r["run_id"].as_str(), r["state"].as_str(), r["restarts"].as_u64()),
-        (Some("own"), Some("finished"), Some(1)),
-        "{runs}"
-    );
+    assert_listed_run(&store, "own", "finished", 1);
     let out = run(Command::new(DROVE)
         .arg("report")
         .arg("--store")

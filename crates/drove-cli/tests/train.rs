@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
-use common::{DROVE, assets, read_latest, relative_difference, run, text, under_run};
+use common::{DROVE, assert_listed_run, assets, read_latest, relative_difference, run, text, under_run};
 
 /// `drove train ner` on the real assets with the given extra arguments.
 fn train(out: &Path, extra: &[&str]) -> Command {
@@ -186,15 +186,7 @@ fn a_rank_killed_mid_epoch_stops_the_run_and_resume_or_a_restart_finishes_it() {
     assert!((fa - fc).abs() <= 0.005, "test F1 {fc} after a restart vs {fa} uninterrupted");
     let d = relative_difference(&read_model(&whole), &read_model(&restarted));
     assert!(d < 1e-5, "parameters after a restart differ by {d} (relative)");
-    let out = run(Command::new(DROVE).args(["runs", "--json", "--store"]).arg(&store));
-    assert!(out.status.success(), "{}", text(&out));
-    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let r = &runs["runs"][0];
-    assert_eq!(
-        (r["run_id"].as_str(), r["state"].as_str(), r["restarts"].as_u64()),
-        (Some("restarts"), Some("finished"), Some(1)),
-        "{runs}"
-    );
+    assert_listed_run(&store, "restarts", "finished", 1);
 }
 
 #[test]

@@ -8,10 +8,7 @@
 //! cargo run --release -p drove-train --example replica [-- backend]
 //! ```
 use burn::backend::{Autodiff, Flex};
-use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
-use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
-use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use drove_comm::SingleProcess;
 use drove_train::{Placement, Replica, ReplicaOptions, Schedule};
@@ -20,33 +17,9 @@ type B = Autodiff<Flex>;
 const SEQ: usize = 12;
 const LABELS: usize = 5;
 
-/// A small token classifier (embedding, hidden layer, LayerNorm, classifier):
-/// any burn model would do. The weights take weight decay, the biases and
-/// `norm.*` do not.
-#[derive(Module, Debug)]
-struct Tagger<B: Backend> {
-    embedding: Embedding<B>,
-    hidden: Linear<B>,
-    norm: LayerNorm<B>,
-    classifier: Linear<B>,
-}
-
-impl<B: Backend> Tagger<B> {
-    fn new(vocab: usize, width: usize, labels: usize, device: &B::Device) -> Self {
-        Tagger {
-            embedding: EmbeddingConfig::new(vocab, width).init(device),
-            hidden: LinearConfig::new(width, width).init(device),
-            norm: LayerNormConfig::new(width).init(device),
-            classifier: LinearConfig::new(width, labels).init(device),
-        }
-    }
-
-    /// Logits `[rows, seq, labels]` of token ids `[rows, seq]`.
-    fn forward(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let hidden = self.hidden.forward(self.embedding.forward(ids)).tanh();
-        self.classifier.forward(self.norm.forward(hidden))
-    }
-}
+#[path = "support/tagger.rs"]
+mod tagger;
+use tagger::Tagger;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let placement: Placement = std::env::args().nth(1).as_deref().unwrap_or("host").parse()?;

@@ -11,7 +11,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use drove_comm::fusion::FusionOptions;
 use drove_comm::{Collective, CommOptions, Communicator, FileRendezvous, SingleProcess};
 use drove_train::{all_reduce_gradients, broadcast_parameters};
-use support::{LABELS, Tagger};
+use support::{LABELS, Tagger, tagger};
 
 mod support;
 
@@ -76,7 +76,7 @@ fn relative_diff(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn two_ranks_of_batch_8_equal_one_rank_of_batch_16() {
     let device = Default::default();
-    let initial = Tagger::<B>::new(&device);
+    let initial = tagger::<B>(&device);
     let before = params(&initial);
     let single = params(&train(initial.clone(), &SingleProcess, 0..16));
     assert_eq!(relative_diff(&before, &params(&initial)), 0.0, "training a clone left the original alone");
@@ -86,7 +86,7 @@ fn two_ranks_of_batch_8_equal_one_rank_of_batch_16() {
         .map(|rank| {
             let dir = dir.path().to_path_buf();
             // Rank 1 starts from other random weights: the broadcast must fix that.
-            let model = if rank == 0 { initial.clone() } else { Tagger::<B>::new(&device) };
+            let model = if rank == 0 { initial.clone() } else { tagger::<B>(&device) };
             std::thread::spawn(move || {
                 let rv = FileRendezvous::new(&dir, drove_comm::Place::new(rank, 2).unwrap());
                 let comm = Communicator::connect(&rv, CommOptions::default()).unwrap();

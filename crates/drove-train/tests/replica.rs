@@ -14,7 +14,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use drove_comm::{Collective, CommOptions, Communicator, FileRendezvous, SingleProcess};
 use drove_train::flat::{AdamWSettings, FlatParams};
 use drove_train::{Placement, Replica, ReplicaOptions, Schedule, TrainError};
-use support::{LABELS, Tagger};
+use support::{LABELS, Tagger, tagger};
 
 mod support;
 
@@ -125,7 +125,7 @@ fn relative_diff(a: &[f32], b: &[f32]) -> f32 {
 fn initial() -> Model {
     static WEIGHTS: OnceLock<FlatParams> = OnceLock::new();
     let device = Default::default();
-    let fresh = Tagger::<B>::new(&device);
+    let fresh = tagger::<B>(&device);
     let weights = WEIGHTS.get_or_init(|| {
         let mut flat = FlatParams::read(&fresh).unwrap();
         let mut s = 0x9e37_79b9_7f4a_7c15u64;
@@ -177,7 +177,7 @@ fn two_ranks_of_8_take_the_step_of_one_of_16_in_both_placements() {
         let single = alone(options(placement));
         let ranks = world(2, move |rank, comm| {
             // Rank 1 starts from other random weights: the broadcast must fix that.
-            let model = if rank == 0 { initial() } else { Tagger::new(&Default::default()) };
+            let model = if rank == 0 { initial() } else { tagger(&Default::default()) };
             let opts = ReplicaOptions { lr: 1e-3 / 2.0, ..options(placement) }; // linear scaling doubles it
             let mut replica = Replica::new(model, comm, opts, &Default::default()).unwrap();
             train(&mut replica, Plan { rows: 8, first: rank * 8 }, 0, 5);
@@ -239,7 +239,7 @@ fn resumed(first: Placement, then: Placement, dir: &Path) -> Vec<f32> {
     let saved = replica.save(dir, &serde_json::json!({ "next_step": 3 }), &[], 2).unwrap();
     assert_eq!(saved.unwrap(), dir.join("step-00000003"));
     // Another model altogether until the checkpoint is loaded.
-    let other = Tagger::new(&Default::default());
+    let other = tagger(&Default::default());
     let mut replica = Replica::new(other, &SingleProcess, options(then), &Default::default()).unwrap();
     let state = replica.load(&dir.join("step-00000003")).unwrap();
     assert_eq!(state["next_step"], 3);

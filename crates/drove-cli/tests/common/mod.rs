@@ -286,3 +286,18 @@ pub fn coordinator(port: u16, store: &Path, extra: &[&str]) -> Proc {
     proc.line(Duration::from_secs(60), |l| l.contains("listening on"));
     proc
 }
+
+/// Asserts that `drove runs --store STORE` lists one run, `run_id`, in `state`
+/// after `restarts` restarts.
+#[allow(dead_code)]
+pub fn assert_listed_run(store: &Path, run_id: &str, state: &str, restarts: u64) {
+    let out = run(Command::new(DROVE).args(["runs", "--json", "--store"]).arg(store));
+    assert!(out.status.success(), "{}", text(&out));
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = &runs["runs"][0];
+    assert_eq!(
+        (r["run_id"].as_str(), r["state"].as_str(), r["restarts"].as_u64()),
+        (Some(run_id), Some(state), Some(restarts)),
+        "{runs}"
+    );
+}
