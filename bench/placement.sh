@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training throughput of the two placements of drove_train::Replica beside the
-# build of an earlier commit (the loop before Replica), interleaved so that the
+# build of an earlier commit (each placement beside the same one there, or the
+# loop before Replica for a commit without placements), interleaved so that the
 # machine's noise falls on all three alike; prints one JSON object with every
 # run and the medians.
 #
@@ -27,11 +28,20 @@ if [ ! -x target/bench-baseline/drove ] || [ "$(cat target/bench-baseline/commit
     cargo build --release --locked -p drove-cli
 fi
 args=(bench train --data assets/conll2003 --model assets/minilm --steps "$steps" --json)
+# A baseline that has --placement runs in both placements, each compared with
+# the same placement here; an older one runs its only loop.
+if target/bench-baseline/drove bench train --help | grep -q -- '--placement'; then
+    kinds=(baseline-host host baseline-backend backend)
+else
+    kinds=(baseline host backend)
+fi
 runs=()
 for round in $(seq "$rounds"); do
-    for which in baseline host backend; do
+    for which in "${kinds[@]}"; do
         case $which in
             baseline) line=$(target/bench-baseline/drove "${args[@]}") ;;
+            baseline-host) line=$(target/bench-baseline/drove "${args[@]}" --placement host) ;;
+            baseline-backend) line=$(target/bench-baseline/drove "${args[@]}" --placement backend) ;;
             host) line=$(target/release/drove "${args[@]}" --placement host) ;;
             backend) line=$(target/release/drove "${args[@]}" --placement backend) ;;
         esac
@@ -42,11 +52,12 @@ done
 printf '%s\n' "${runs[@]}" | python3 -c '
 import json, statistics, sys
 runs = [json.loads(l) for l in sys.stdin]
-med = {w: statistics.median(r["report"]["sentences_per_s"] for r in runs if r["which"] == w)
-       for w in ("baseline", "host", "backend")}
-rss = {w: max(r["report"]["peak_rss_bytes"] for r in runs if r["which"] == w) for w in med}
+kinds = sorted({r["which"] for r in runs})
+med = {w: statistics.median(r["report"]["sentences_per_s"] for r in runs if r["which"] == w) for w in kinds}
+rss = {w: max(r["report"]["peak_rss_bytes"] for r in runs if r["which"] == w) for w in kinds}
+base = lambda p: med.get("baseline-" + p, med.get("baseline"))
 print(json.dumps({"benchmark": "placement", "baseline_commit": sys.argv[1],
                   "median_sentences_per_s": med,
-                  "host_vs_baseline": med["host"] / med["baseline"],
-                  "backend_vs_baseline": med["backend"] / med["baseline"],
+                  "host_vs_baseline": med["host"] / base("host"),
+                  "backend_vs_baseline": med["backend"] / base("backend"),
                   "peak_rss_bytes": rss, "runs": runs}))' "$base"
