@@ -150,6 +150,9 @@ fn main() -> anyhow::Result<()> {
         if let Some(root) = &args.checkpoint
             && done.is_multiple_of(args.checkpoint_every.max(1))
         {
+            // The metrics up to a checkpoint are delivered before it is written:
+            // a restart redoes the steps after it, and loses no point before.
+            launched.flush(std::time::Duration::from_secs(30))?;
             replica.save(root, &LoopState { steps: done }, &[], 2)?;
         }
         if args.fail_at_step == Some(done) && rank == args.rank_to_fail && !launched.env().restarted() {
