@@ -188,7 +188,9 @@ fn a_killed_rank_restarts_the_world_which_resumes_with_metrics_report_and_progre
         progress.windows(2).position(|w| w[1].step <= w[0].step).expect("a restart in the progress") + 1;
     let steps = |ps: &[Progress]| ps.iter().map(|p| p.step).collect::<Vec<_>>();
     assert_eq!(steps(&progress[..restart])[0], 1, "{progress:?}");
-    assert!(progress[restart - 1].step >= 25, "the first attempt reached the kill: {progress:?}");
+    // Rank 1 died after step 25, so rank 0 took part in step 25's all-reduce:
+    // it had applied at least step 24 when it was stopped.
+    assert!(progress[restart - 1].step >= 24, "the first attempt reached the kill: {progress:?}");
     assert_eq!(steps(&progress[restart..]), (21..=STEPS).collect::<Vec<_>>(), "{progress:?}");
     assert!(progress.iter().all(|p| p.total == STEPS && p.loss.is_some_and(f64::is_finite)), "{progress:?}");
 
