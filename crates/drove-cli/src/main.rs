@@ -214,14 +214,12 @@ fn main() -> ExitCode {
 mod parse {
     use drove_collate::MaskSeeding;
 
+    /// A count of at least `min`, named `what` in the error.
+    pub use drove_ner::flags::at_least;
+
     /// A mask probability: a number in [0, 1].
     pub fn probability(s: &str) -> Result<f64, String> {
-        let p: f64 = s.parse().map_err(|_| format!("probability must be a number in [0, 1], found {s:?}"))?;
-        if (0.0..=1.0).contains(&p) {
-            Ok(p)
-        } else {
-            Err(format!("probability must be in [0, 1], found {p}"))
-        }
+        drove_ner::flags::fraction(s, "probability")
     }
 
     /// A seeding policy, through [`MaskSeeding`]'s `FromStr`.
@@ -229,20 +227,9 @@ mod parse {
         s.parse()
     }
 
-    /// A count of at least `min`, named `what` in the error.
-    pub fn at_least(s: &str, min: usize, what: &str, why: &str) -> Result<usize, String> {
-        let n: usize = s.parse().map_err(|_| format!("{what} must be a whole number, found {s:?}"))?;
-        if n >= min { Ok(n) } else { Err(format!("{what} must be at least {min}{why}, found {n}")) }
-    }
-
     /// A duration in seconds: finite and not negative.
     pub fn seconds(s: &str) -> Result<f64, String> {
-        let x: f64 = s.parse().map_err(|_| format!("seconds must be a number, found {s:?}"))?;
-        if x.is_finite() && x >= 0.0 {
-            Ok(x)
-        } else {
-            Err(format!("seconds must be a finite number of at least 0, found {x}"))
-        }
+        drove_ner::flags::finite_at_least(s, 0.0, "seconds")
     }
 
     /// A timeout in seconds: finite and above 0.

@@ -44,6 +44,8 @@ mod diagnose;
 mod error;
 mod eval;
 mod fit;
+#[cfg(feature = "clap")]
+pub mod flags;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod model;

@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+#[cfg(feature = "clap")]
+use crate::flags;
 use drove_collate::MaskSeeding;
 use drove_train::flat::AdamWSettings;
 use drove_train::micro::MicroBatches;
@@ -35,11 +37,11 @@ pub struct NerOptions {
     pub out: PathBuf,
     /// Epochs.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 3,
-        value_parser = |s: &str| flags::at_least(s, 1, "--epochs")))]
+        value_parser = |s: &str| flags::at_least(s, 1, "--epochs", "")))]
     pub epochs: usize,
     /// Sentences per batch on each rank.
     #[cfg_attr(feature = "clap", arg(long, value_name = "PER_RANK", default_value_t = 32,
-        value_parser = |s: &str| flags::at_least(s, 1, "--batch-size")))]
+        value_parser = |s: &str| flags::at_least(s, 1, "--batch-size", "")))]
     pub batch_size: usize,
     /// Peak learning rate for one rank (scaled by --lr-scaling with the world size).
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 5e-5, allow_negative_numbers = true,
@@ -64,7 +66,7 @@ pub struct NerOptions {
     pub clip_norm: f64,
     /// Truncate sentences to this many tokens.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 128,
-        value_parser = |s: &str| flags::at_least(s, 3, "--max-len")))]
+        value_parser = |s: &str| flags::at_least(s, 3, "--max-len", "")))]
     pub max_len: usize,
     /// Lowercase before WordPiece (uncased models such as MiniLM); the flag
     /// `--cased` turns it off.
@@ -137,7 +139,7 @@ pub struct NerOptions {
     pub checkpoint_every: usize,
     /// Loader threads per rank.
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 2,
-        value_parser = |s: &str| flags::at_least(s, 1, "--workers")))]
+        value_parser = |s: &str| flags::at_least(s, 1, "--workers", "")))]
     pub workers: usize,
     /// Sort windows of N batches by length to cut padding (0: off).
     #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 16))]
@@ -262,42 +264,6 @@ pub(crate) fn replica_options(opts: &NerOptions, total_steps: u64) -> ReplicaOpt
         loss: LossReduction::Sum,
         placement: opts.placement,
         ..ReplicaOptions::default()
-    }
-}
-
-/// The flags' value parsers, with messages that name the flag.
-#[cfg(feature = "clap")]
-mod flags {
-    use drove_train::flat::AdamWSettings;
-
-    /// A count of at least `min`.
-    pub fn at_least(s: &str, min: usize, flag: &str) -> Result<usize, String> {
-        let n: usize = s.parse().map_err(|_| format!("{flag} must be a whole number, found {s:?}"))?;
-        if n >= min { Ok(n) } else { Err(format!("{flag} must be at least {min}, found {n}")) }
-    }
-
-    /// A finite number of at least `min` (NaN, infinities and values below
-    /// `min` are refused).
-    pub fn finite_at_least(s: &str, min: f64, flag: &str) -> Result<f64, String> {
-        let x: f64 = s.trim().parse().map_err(|_| format!("{flag} must be a number, found {s:?}"))?;
-        if x.is_finite() && x >= min {
-            Ok(x)
-        } else {
-            Err(format!("{flag} must be a finite number of at least {min}, found {x}"))
-        }
-    }
-
-    /// A fraction in [0, 1].
-    pub fn fraction(s: &str, flag: &str) -> Result<f64, String> {
-        let x: f64 =
-            s.trim().parse().map_err(|_| format!("{flag} must be a number in [0, 1], found {s:?}"))?;
-        if (0.0..=1.0).contains(&x) { Ok(x) } else { Err(format!("{flag} must be in [0, 1], found {x}")) }
-    }
-
-    /// `--weight-decay`: AdamW's defaults with this decay.
-    pub fn weight_decay(s: &str) -> Result<AdamWSettings, String> {
-        let weight_decay = finite_at_least(s, 0.0, "--weight-decay")?;
-        Ok(AdamWSettings { weight_decay, ..AdamWSettings::default() })
     }
 }
 
