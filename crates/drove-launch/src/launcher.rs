@@ -158,7 +158,8 @@ impl LaunchOutcome {
     }
 
     fn of(run_id: &str, restarts: u32, attempt: &Attempt) -> Self {
-        let end = match (&attempt.run_failed, attempt.first_failure, attempt.interrupted) {
+        let v = &attempt.verdict;
+        let end = match (&v.run_failed, v.first_failure, v.interrupted) {
             (Some(why), _, _) => End::RunFailed(why.clone()),
             (None, Some((rank, code)), _) => End::RankFailed { rank, code },
             (None, None, Some(sig)) => End::Interrupted(sig),

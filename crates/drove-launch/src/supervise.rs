@@ -39,6 +39,13 @@ impl std::fmt::Display for Cause {
 pub(crate) struct Attempt {
     /// Each rank's status (an error if waiting for it failed).
     pub statuses: Vec<Result<ExitStatus, String>>,
+    /// Why it ended as it did.
+    pub verdict: Verdict,
+}
+
+/// What the supervisor decided while the ranks ran.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Verdict {
     /// The first rank that failed on its own, with its exit code.
     pub first_failure: Option<(usize, u8)>,
     /// Why the ranks were stopped, if they were.
@@ -52,7 +59,7 @@ pub(crate) struct Attempt {
 impl Attempt {
     /// The error a rank leaves the run with (empty if it succeeded).
     pub fn leave_error(&self, rank: usize) -> String {
-        match (&self.statuses[rank], self.cause) {
+        match (&self.statuses[rank], self.verdict.cause) {
             (Ok(s), _) if s.success() => String::new(),
             (Ok(s), Some(Cause::RankFailed(r))) if r == rank => describe(s),
             (Ok(s), Some(cause)) => format!("stopped by drove run {cause}: {}", describe(s)),
@@ -63,7 +70,7 @@ impl Attempt {
 
     /// Why this attempt failed, if it did (the coordinator's verdict first).
     pub fn failure(&self) -> Option<String> {
-        match (&self.run_failed, self.first_failure) {
+        match (&self.verdict.run_failed, self.verdict.first_failure) {
             (Some(why), _) => Some(why.clone()),
             (None, Some((rank, code))) => Some(format!("rank {rank} failed (exit code {code})")),
             (None, None) => None,
@@ -104,10 +111,7 @@ struct World {
     grace: Duration,
     /// When the ranks still running after SIGTERM get SIGKILL.
     kill_at: Option<Instant>,
-    first_failure: Option<(usize, u8)>,
-    cause: Option<Cause>,
-    interrupted: Option<i32>,
-    run_failed: Option<String>,
+    verdict: Verdict,
     relays: usize,
     relays_done: mpsc::Receiver<()>,
 }
@@ -121,10 +125,7 @@ impl World {
             running: n,
             grace,
             kill_at: None,
-            first_failure: None,
-            cause: None,
-            interrupted: None,
-            run_failed: None,
+            verdict: Verdict::default(),
             relays: started.relays,
             relays_done: started.relays_done,
         }
@@ -136,7 +137,7 @@ impl World {
 
     /// SIGTERM to every rank still running; SIGKILL follows after the grace.
     fn stop(&mut self, why: Cause) {
-        self.cause = Some(why);
+        self.verdict.cause = Some(why);
         let alive = self.alive();
         if !alive.is_empty() {
             tracing::info!("stopping ranks {alive:?} {why}: SIGTERM, SIGKILL after {:?}", self.grace);
@@ -192,9 +193,9 @@ impl World {
         };
         self.statuses[rank] = Some(status);
         let Some((code, what)) = failed else { return };
-        if self.cause.is_none() {
+        if self.verdict.cause.is_none() {
             tracing::error!("rank {rank} {what}");
-            self.first_failure = Some((rank, code));
+            self.verdict.first_failure = Some((rank, code));
             self.stop(Cause::RankFailed(rank));
         } else {
             tracing::info!("rank {rank} {what}");
@@ -202,22 +203,22 @@ impl World {
     }
 
     fn run_failed(&mut self, why: String) {
-        if self.cause.is_none() {
+        if self.verdict.cause.is_none() {
             tracing::error!("the coordinator failed the run: {why}");
-            self.run_failed = Some(why);
+            self.verdict.run_failed = Some(why);
             self.stop(Cause::RunFailed);
         }
     }
 
     /// The first signal stops the world; a second skips the grace.
     fn signalled(&mut self, sig: i32) {
-        if self.cause.is_none() {
+        if self.verdict.cause.is_none() {
             tracing::warn!("received {}", signal_name(sig));
-            self.interrupted = Some(sig);
+            self.verdict.interrupted = Some(sig);
             self.stop(Cause::Signal(sig));
         } else {
             tracing::warn!("received {} while stopping the ranks: killing them now", signal_name(sig));
-            self.interrupted.get_or_insert(sig);
+            self.verdict.interrupted.get_or_insert(sig);
             self.kill_all();
         }
     }
@@ -239,10 +240,7 @@ impl World {
     fn into_attempt(self) -> Attempt {
         Attempt {
             statuses: self.statuses.into_iter().map(|s| s.expect("every rank ended")).collect(),
-            first_failure: self.first_failure,
-            cause: self.cause,
-            interrupted: self.interrupted,
-            run_failed: self.run_failed,
+            verdict: self.verdict,
         }
     }
 }
