@@ -225,6 +225,7 @@ async fn bench_rendezvous(addr: &str, workers: usize) -> anyhow::Result<Rendezvo
                         requested_rank: -1,
                         timeout_ms: 120_000,
                         restart_count: 0,
+                        ..Default::default()
                     })
                     .await
                     .map(tonic::Response::into_inner)

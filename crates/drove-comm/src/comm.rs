@@ -12,7 +12,7 @@ use crate::engine::{Engine, Reduction, split};
 use crate::error::CommError;
 use crate::mesh::{Clock, Mesh};
 use crate::place::Place;
-use crate::rendezvous::{FileRendezvous, Rendezvous, StaticRendezvous};
+use crate::rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
 use crate::shm::Shm;
 use crate::spec::OpSpec;
 
@@ -398,12 +398,25 @@ impl Communicator {
                 table.addrs().len()
             )));
         }
+        Self::with_table(listener, &table, 0, &opts, deadline)
+    }
+
+    /// Connects to the peers of `table` (this rank's listener already bound
+    /// at its address there), as world `generation` of an elastic run (0: a
+    /// fixed world): peers greeting from another generation are refused.
+    pub(crate) fn with_table(
+        listener: std::net::TcpListener,
+        table: &PeerTable,
+        generation: u64,
+        opts: &CommOptions,
+        deadline: Instant,
+    ) -> Result<Communicator, CommError> {
         let place = table.place();
-        let (rank, world, addrs) = (place.rank().get(), world.get(), table.addrs());
-        let mut mesh = Mesh::connect(rank, world, &listener, addrs, deadline)?;
+        let (rank, world, addrs) = (place.rank().get(), place.world().get(), table.addrs());
+        let mut mesh = Mesh::connect(generation, rank, world, &listener, addrs, deadline)?;
         drop(listener);
         let shm = if world > 1 && opts.transport == Transport::Auto {
-            setup_shm(&mut mesh, &opts, deadline)?
+            setup_shm(&mut mesh, opts, deadline)?
         } else {
             None
         };

@@ -3,11 +3,16 @@
 //! the `drove-metrics` crate: the data plane keeps the rendezvous only).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drove_proto::client::Clients;
-use drove_proto::v1::{HeartbeatRequest, JoinRequest, LeaveRequest};
+use drove_proto::v1::{
+    EndKind, GenerationEnd, HeartbeatRequest, HeartbeatResponse, JoinRequest, LeaveRequest,
+};
 
+use crate::elastic::{Loss, MemberId, ReformCause, World, WorldRange};
 use crate::error::CommError;
 use crate::place::{Rank, WorldSize};
 use crate::rendezvous::{PeerTable, RankRequest, Rendezvous};
@@ -19,16 +24,16 @@ fn rendezvous_err(what: impl std::fmt::Display) -> CommError {
 /// Joins a run on a coordinator; the coordinator hands out ranks (or honours the
 /// launcher's) and the peer table.
 pub struct CoordinatorRendezvous {
-    addr: String,
-    token: Option<String>,
-    run_id: String,
+    pub(crate) addr: String,
+    pub(crate) token: Option<String>,
+    pub(crate) run_id: String,
     request: RankRequest,
-    bind: SocketAddr,
+    pub(crate) bind: SocketAddr,
     host: String,
     runtime: tokio::runtime::Runtime,
     /// How often this rank tells the coordinator it is alive once joined
     /// (`None`: never).
-    heartbeat: Option<Duration>,
+    pub(crate) heartbeat: Option<Duration>,
     /// The launcher's restart count (`DROVE_RESTART_COUNT`), told at join.
     restart_count: u32,
 }
@@ -139,12 +144,152 @@ impl CoordinatorRendezvous {
                     run_id: self.run_id.clone(),
                     rank: wire_rank(rank),
                     error: error.unwrap_or_default().to_string(),
+                    ..Default::default()
                 })
                 .await
                 .map_err(|s| rendezvous_err(s.message()))?;
             Ok(())
         })
     }
+}
+
+impl CoordinatorRendezvous {
+    /// The address peers reach `listening` at (the address that routes to
+    /// the coordinator when it listens on every interface).
+    fn advertised(&self, listening: SocketAddr) -> SocketAddr {
+        if listening.ip().is_unspecified() {
+            SocketAddr::new(
+                local_ip_towards(&self.addr).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+                listening.port(),
+            )
+        } else {
+            listening
+        }
+    }
+
+    /// Joins the elastic run's next generation after `join.after` (0: a new
+    /// member), waiting until `deadline`; retries while the coordinator is
+    /// away (a restart in the middle of a re-form), so the join completes
+    /// once it is back. A world formed without this member is
+    /// [`CommError::LeftOut`].
+    pub(crate) fn join_elastic(
+        &self,
+        join: &ElasticJoin<'_>,
+        listening: SocketAddr,
+        deadline: Instant,
+    ) -> Result<(PeerTable, World), CommError> {
+        let mut request = JoinRequest {
+            run_id: self.run_id.clone(),
+            address: self.advertised(listening).to_string(),
+            host: self.host.clone(),
+            requested_rank: -1,
+            restart_count: i32::try_from(self.restart_count).unwrap_or(i32::MAX),
+            member_id: join.member.as_str().to_string(),
+            min_size: wire_size(join.range.min().get()),
+            max_size: wire_size(join.range.max().get()),
+            after_generation: join.after as i64,
+            settle_ms: join.settle.as_millis() as i64,
+            step: join.step as i64,
+            cause: join.cause.map(cause_to_wire),
+            ..Default::default()
+        };
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            request.timeout_ms = left.as_millis().max(1) as i64;
+            let answer = self.runtime.block_on(async {
+                let mut c = Clients::connect(&self.addr, self.token.as_deref())
+                    .await
+                    .map_err(|e| tonic::Status::unavailable(format!("cannot reach the coordinator: {e}")))?;
+                c.rendezvous.join(request.clone()).await.map(tonic::Response::into_inner)
+            });
+            let status = match answer {
+                Ok(response) => return self.elastic_world(response),
+                Err(status) => status,
+            };
+            let what = format!("joining run {:?} at {} as member {}", self.run_id, self.addr, join.member);
+            match status.code() {
+                tonic::Code::FailedPrecondition => {
+                    return Err(CommError::LeftOut(status.message().to_string()));
+                }
+                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+                    if !left.is_zero() =>
+                {
+                    tracing::debug!("{what}: {} (retrying)", status.message());
+                    std::thread::sleep(backoff.min(left));
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                _ => return Err(rendezvous_err(format!("{what}: {}", status.message()))),
+            }
+        }
+    }
+
+    fn elastic_world(&self, resp: drove_proto::v1::JoinResponse) -> Result<(PeerTable, World), CommError> {
+        let addrs = resp
+            .peers
+            .iter()
+            .map(|p| {
+                p.address.parse().map_err(|_| {
+                    rendezvous_err(format!("rank {} has an unusable address {:?}", p.rank, p.address))
+                })
+            })
+            .collect::<Result<Vec<SocketAddr>, _>>()?;
+        let rank = usize::try_from(resp.rank).unwrap_or(usize::MAX);
+        let given = addrs.len();
+        let table = PeerTable::new(Rank::new(rank), addrs).map_err(|_| {
+            rendezvous_err(format!("the rendezvous gave rank {} and {given} addresses", resp.rank))
+        })?;
+        let generation = u64::try_from(resp.generation).unwrap_or(0);
+        if generation == 0 {
+            return Err(rendezvous_err(format!(
+                "the coordinator at {} answered an elastic join without a generation (an older coordinator?)",
+                self.addr
+            )));
+        }
+        let members = resp.peers.iter().map(|p| p.member_id.clone()).collect();
+        let world = World { generation, place: table.place(), members };
+        Ok((table, world))
+    }
+
+    /// Tells the coordinator the elastic member `member` is done at `step`.
+    pub(crate) fn leave_elastic(
+        &self,
+        member: &MemberId,
+        step: u64,
+        error: Option<&str>,
+    ) -> Result<(), CommError> {
+        self.runtime.block_on(async {
+            let mut c = Clients::connect(&self.addr, self.token.as_deref()).await.map_err(rendezvous_err)?;
+            c.rendezvous
+                .leave(LeaveRequest {
+                    run_id: self.run_id.clone(),
+                    member_id: member.as_str().to_string(),
+                    step: step as i64,
+                    error: error.unwrap_or_default().to_string(),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| rendezvous_err(s.message()))?;
+            Ok(())
+        })
+    }
+}
+
+/// What an elastic member tells the coordinator when it joins a generation.
+pub(crate) struct ElasticJoin<'a> {
+    pub member: &'a MemberId,
+    pub range: WorldRange,
+    pub settle: Duration,
+    /// The generation it was last in (0: none).
+    pub after: u64,
+    /// Its last applied step.
+    pub step: u64,
+    /// Why it re-forms.
+    pub cause: Option<&'a ReformCause>,
+}
+
+fn wire_size(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 /// A rank as the protocol's `int32` (world sizes past `i32::MAX` cannot join).
@@ -155,10 +300,84 @@ fn wire_rank(rank: Rank) -> i32 {
 /// How often a joined rank sends a heartbeat by default.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
 
-/// Sends a heartbeat for `rank` every `every` for as long as the process
+/// Who sends heartbeats: a rank of a fixed world, or a member of an elastic
+/// run (whose generation changes, and who hears that its world should re-form).
+pub(crate) enum Beating {
+    /// A rank of a fixed world.
+    Rank(Rank),
+    /// A member of an elastic run.
+    Member(String, Arc<Beat>),
+}
+
+/// What an elastic member's heartbeats carry and hear.
+#[derive(Default)]
+pub(crate) struct Beat {
+    /// The generation the member runs in.
+    pub generation: AtomicU64,
+    /// The coordinator said a newer generation is forming.
+    pub reform: AtomicBool,
+    /// Why, as it said.
+    pub cause: Mutex<Option<ReformCause>>,
+}
+
+impl Beating {
+    fn request(&self, run_id: &str) -> HeartbeatRequest {
+        match self {
+            Beating::Rank(rank) => {
+                HeartbeatRequest { run_id: run_id.to_string(), rank: wire_rank(*rank), ..Default::default() }
+            }
+            Beating::Member(id, beat) => HeartbeatRequest {
+                run_id: run_id.to_string(),
+                member_id: id.clone(),
+                generation: beat.generation.load(Ordering::SeqCst) as i64,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn heard(&self, response: &HeartbeatResponse) {
+        if let Beating::Member(_, beat) = self
+            && response.reform
+            && response.generation as u64 > beat.generation.load(Ordering::SeqCst)
+        {
+            let cause = response.reform_cause.as_ref().map(cause_from_wire);
+            *beat.cause.lock().unwrap_or_else(|e| e.into_inner()) = cause;
+            beat.reform.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A cause as the wire carries it.
+pub(crate) fn cause_to_wire(cause: &ReformCause) -> GenerationEnd {
+    let kind = match cause.kind {
+        Loss::ClosedConnection => EndKind::ClosedConnection,
+        Loss::Deadline => EndKind::CollectiveDeadline,
+        Loss::Heartbeat => EndKind::Heartbeat,
+        Loss::MemberAdded => EndKind::MemberAdded,
+    };
+    GenerationEnd { kind: kind.into(), members: cause.members.clone(), detail: cause.detail.clone() }
+}
+
+fn cause_from_wire(end: &GenerationEnd) -> ReformCause {
+    let kind = match EndKind::try_from(end.kind).unwrap_or(EndKind::Unspecified) {
+        EndKind::CollectiveDeadline => Loss::Deadline,
+        EndKind::Heartbeat => Loss::Heartbeat,
+        EndKind::MemberAdded => Loss::MemberAdded,
+        _ => Loss::ClosedConnection,
+    };
+    ReformCause { kind, members: end.members.clone(), detail: end.detail.clone() }
+}
+
+/// Sends a heartbeat for `who` every `every` for as long as the process
 /// lives (a stopped or hung process stops sending, which is the point); a
 /// coordinator that is away is tried again at the next beat.
-fn spawn_heartbeats(addr: String, token: Option<String>, run_id: String, rank: Rank, every: Duration) {
+pub(crate) fn spawn_heartbeats(
+    addr: String,
+    token: Option<String>,
+    run_id: String,
+    who: Beating,
+    every: Duration,
+) {
     let beat = move || {
         let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
         runtime.block_on(async {
@@ -173,12 +392,11 @@ fn spawn_heartbeats(addr: String, token: Option<String>, run_id: String, rank: R
                             Some(Clients::connect(&addr, token.as_deref()).await.map_err(|e| e.to_string())?);
                     }
                     let c = clients.as_mut().expect("connected above");
-                    let request =
-                        HeartbeatRequest { run_id: run_id.clone(), rank: wire_rank(rank), observer: false };
+                    let request = who.request(&run_id);
                     c.rendezvous.heartbeat(request).await.map_err(|s| s.message().to_string())
                 };
                 match tokio::time::timeout(every.max(Duration::from_secs(1)) * 2, call).await {
-                    Ok(Ok(_)) => {}
+                    Ok(Ok(response)) => who.heard(response.get_ref()),
                     Ok(Err(e)) => {
                         tracing::debug!("heartbeat to {addr} failed: {e}");
                         clients = None;
@@ -203,14 +421,7 @@ impl Rendezvous for CoordinatorRendezvous {
     }
 
     fn exchange(&self, listening: SocketAddr, deadline: Instant) -> Result<PeerTable, CommError> {
-        let advertised = if listening.ip().is_unspecified() {
-            SocketAddr::new(
-                local_ip_towards(&self.addr).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-                listening.port(),
-            )
-        } else {
-            listening
-        };
+        let advertised = self.advertised(listening);
         let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         let table = self.runtime.block_on(async {
             let mut c = Clients::connect(&self.addr, self.token.as_deref()).await.map_err(rendezvous_err)?;
@@ -224,6 +435,7 @@ impl Rendezvous for CoordinatorRendezvous {
                     requested_rank: self.request.rank().map_or(-1, wire_rank),
                     timeout_ms: timeout.as_millis() as i64,
                     restart_count: i32::try_from(self.restart_count).unwrap_or(i32::MAX),
+                    ..Default::default()
                 })
                 .await
                 .map_err(|s| {
@@ -250,7 +462,13 @@ impl Rendezvous for CoordinatorRendezvous {
         })?;
         if let Some(every) = self.heartbeat {
             let rank = table.place().rank();
-            spawn_heartbeats(self.addr.clone(), self.token.clone(), self.run_id.clone(), rank, every);
+            spawn_heartbeats(
+                self.addr.clone(),
+                self.token.clone(),
+                self.run_id.clone(),
+                Beating::Rank(rank),
+                every,
+            );
         }
         Ok(table)
     }

@@ -78,6 +78,24 @@ pub enum CommError {
     /// Ranks could not find each other.
     #[error("rendezvous: {0}")]
     Rendezvous(String),
+    /// A peer greeted this rank from another generation of an elastic run:
+    /// one of the two was left out when the world re-formed.
+    #[error(
+        "rank {peer} answered from generation {theirs} of the run, this world is generation {ours}: \
+         a rank left out of the run (stopped, then resumed after its world re-formed) is refused"
+    )]
+    StaleGeneration {
+        /// This rank's generation.
+        ours: u64,
+        /// The peer's.
+        theirs: u64,
+        /// The peer's rank in the table this rank was given.
+        peer: usize,
+    },
+    /// The coordinator formed a newer world of this elastic run without this
+    /// member: it was stopped or cut off for longer than the others waited.
+    #[error("left out of the run: {0}")]
+    LeftOut(String),
 }
 
 impl CommError {
@@ -85,6 +103,19 @@ impl CommError {
     /// disagreed before any data moved, or the arguments were wrong locally).
     pub fn is_recoverable(&self) -> bool {
         matches!(self, CommError::Mismatch { .. } | CommError::Invalid { .. })
+    }
+
+    /// Whether this error means a member of the world is gone (died, cut
+    /// off, stalled past the deadline), so an elastic run re-forms its world
+    /// instead of failing: the op's data may be lost, the replica is not.
+    pub fn is_membership_loss(&self) -> bool {
+        matches!(
+            self,
+            CommError::PeerLost { .. }
+                | CommError::Timeout { .. }
+                | CommError::Stalled { .. }
+                | CommError::Broken { .. }
+        )
     }
 
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {

@@ -38,6 +38,9 @@ mod comm;
 mod coordinator;
 mod desc;
 mod dtype;
+mod elastic;
+#[cfg(feature = "coordinator")]
+mod elastic_comm;
 mod engine;
 mod error;
 pub mod fusion;
@@ -53,6 +56,9 @@ pub use comm::{
 #[cfg(feature = "coordinator")]
 pub use coordinator::CoordinatorRendezvous;
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
+pub use elastic::{Elastic, Loss, MemberId, ReformCause, World, WorldRange};
+#[cfg(feature = "coordinator")]
+pub use elastic_comm::{DEFAULT_SETTLE, ElasticComm, Membership};
 pub use error::CommError;
 pub use half::{bf16, f16};
 pub use place::{Place, PlaceError, Rank, WorldSize};

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::CommError;
 
-const MAGIC: u64 = 0x6472_6f76_6532_0001; // "drove2" + protocol version 1
+const MAGIC: u64 = 0x6472_6f76_6532_0002; // "drove2" + protocol version 2 (the greeting carries the generation)
 
 /// Deadline, stall warning and the op they belong to.
 #[derive(Clone, Debug)]
@@ -80,9 +80,25 @@ fn tune(stream: &TcpStream) -> std::io::Result<()> {
     Ok(())
 }
 
-fn write_hello(stream: &mut TcpStream, rank: usize, world: usize, boot: &str) -> std::io::Result<()> {
+/// What a rank says when it connects: who it is, in which world.
+struct Hello {
+    magic: u64,
+    generation: u64,
+    rank: usize,
+    world: usize,
+    boot: String,
+}
+
+fn write_hello(
+    stream: &mut TcpStream,
+    generation: u64,
+    rank: usize,
+    world: usize,
+    boot: &str,
+) -> std::io::Result<()> {
     let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&MAGIC.to_le_bytes());
+    b.extend_from_slice(&generation.to_le_bytes());
     b.extend_from_slice(&(rank as u32).to_le_bytes());
     b.extend_from_slice(&(world as u32).to_le_bytes());
     b.extend_from_slice(&(boot.len() as u32).to_le_bytes());
@@ -90,22 +106,55 @@ fn write_hello(stream: &mut TcpStream, rank: usize, world: usize, boot: &str) ->
     stream.write_all(&b)
 }
 
-fn read_hello(stream: &mut TcpStream) -> std::io::Result<(u64, usize, usize, String)> {
-    let mut head = [0u8; 20];
+fn read_hello(stream: &mut TcpStream) -> std::io::Result<Hello> {
+    let mut head = [0u8; 28];
     stream.read_exact(&mut head)?;
+    let word = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes")) as usize;
     let magic = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
-    let rank = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as usize;
-    let world = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes")) as usize;
-    let len = u32::from_le_bytes(head[16..20].try_into().expect("4 bytes")) as usize;
+    let generation = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+    let (rank, world, len) = (word(16), word(20), word(24));
     let mut boot = vec![0u8; len.min(256)];
     stream.read_exact(&mut boot)?;
-    Ok((magic, rank, world, String::from_utf8_lossy(&boot).into_owned()))
+    Ok(Hello { magic, generation, rank, world, boot: String::from_utf8_lossy(&boot).into_owned() })
+}
+
+/// The greeting of an accepted connection, if it is one of the `missing`
+/// ranks of this world and generation; anything else is logged and ignored.
+fn expected_hello(
+    stream: &mut TcpStream,
+    from: SocketAddr,
+    generation: u64,
+    world: usize,
+    missing: &[usize],
+) -> Option<Hello> {
+    let Ok(hello) = read_hello(stream) else {
+        tracing::warn!(%from, "ignoring a connection that sent no valid greeting");
+        return None;
+    };
+    if hello.generation != generation {
+        tracing::warn!(
+            %from,
+            theirs = hello.generation,
+            ours = generation,
+            "refusing a connection from another generation of the run (a rank left out of it?)"
+        );
+        return None;
+    }
+    if hello.magic != MAGIC || hello.world != world || !missing.contains(&hello.rank) {
+        tracing::warn!(%from, their_rank = hello.rank, their_world = hello.world, "ignoring an unexpected connection");
+        return None;
+    }
+    Some(hello)
 }
 
 impl Mesh {
-    /// Connects to every peer: rank `i` dials every lower rank and accepts every
-    /// higher one. Everything happens before `deadline`.
+    /// Connects to every peer of world `generation` (0 for a fixed world; an
+    /// elastic run's worlds count from 1): rank `i` dials every lower rank and
+    /// accepts every higher one. A peer of another generation is refused (a
+    /// rank left out of an elastic run, resumed after its world re-formed).
+    /// Everything happens before `deadline`.
     pub fn connect(
+        generation: u64,
         rank: usize,
         world: usize,
         listener: &TcpListener,
@@ -141,16 +190,20 @@ impl Mesh {
                     deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
                 ))
                 .map_err(|e| CommError::io("configuring a socket", e))?;
-            write_hello(&mut stream, rank, world, &boot)
+            write_hello(&mut stream, generation, rank, world, &boot)
                 .map_err(|e| CommError::io(format!("greeting rank {peer}"), e))?;
-            let (magic, their_rank, their_world, their_boot) = read_hello(&mut stream)
+            let hello = read_hello(&mut stream)
                 .map_err(|e| CommError::io(format!("reading rank {peer}'s greeting"), e))?;
-            if magic != MAGIC || their_rank != peer || their_world != world {
+            if hello.magic != MAGIC || hello.rank != peer || hello.world != world {
                 return Err(timeout_err(format!(
-                    "{addr} answered as rank {their_rank} of {their_world} (protocol {magic:#x}), expected rank {peer} of {world}"
+                    "{addr} answered as rank {} of {} (protocol {:#x}), expected rank {peer} of {world}",
+                    hello.rank, hello.world, hello.magic
                 )));
             }
-            boot_ids[peer] = their_boot;
+            if hello.generation != generation {
+                return Err(CommError::StaleGeneration { ours: generation, theirs: hello.generation, peer });
+            }
+            boot_ids[peer] = hello.boot;
             peers[peer] = Some(stream);
         }
         // Accept higher ranks.
@@ -166,18 +219,14 @@ impl Mesh {
                             deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
                         ))
                         .map_err(|e| CommError::io("configuring a socket", e))?;
-                    let Ok((magic, their_rank, their_world, their_boot)) = read_hello(&mut stream) else {
-                        tracing::warn!(%from, "ignoring a connection that sent no valid greeting");
+                    let Some(hello) = expected_hello(&mut stream, from, generation, world, &missing) else {
                         continue;
                     };
-                    if magic != MAGIC || their_world != world || !missing.contains(&their_rank) {
-                        tracing::warn!(%from, their_rank, their_world, "ignoring an unexpected connection");
-                        continue;
-                    }
-                    write_hello(&mut stream, rank, world, &boot)
+                    let their_rank = hello.rank;
+                    write_hello(&mut stream, generation, rank, world, &boot)
                         .map_err(|e| CommError::io(format!("greeting rank {their_rank}"), e))?;
                     missing.retain(|&r| r != their_rank);
-                    boot_ids[their_rank] = their_boot;
+                    boot_ids[their_rank] = hello.boot;
                     peers[their_rank] = Some(stream);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {

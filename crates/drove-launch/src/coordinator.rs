@@ -162,7 +162,7 @@ pub(crate) async fn check_run_is_free(clients: &mut Clients, run_id: &str) -> Re
 }
 
 fn observe(run_id: &str) -> HeartbeatRequest {
-    HeartbeatRequest { run_id: run_id.to_string(), rank: 0, observer: true }
+    HeartbeatRequest { run_id: run_id.to_string(), rank: 0, observer: true, ..Default::default() }
 }
 
 /// Asks the coordinator for the run's state every second, and reports once if
@@ -196,8 +196,12 @@ pub(crate) async fn watch_run(
 /// restart), so the run ends finished or failed there all the same.
 pub(crate) async fn leave_all(clients: &mut Clients, run_id: &str, attempt: &Attempt) {
     for rank in 0..attempt.statuses.len() {
-        let request =
-            LeaveRequest { run_id: run_id.to_string(), rank: rank as i32, error: attempt.leave_error(rank) };
+        let request = LeaveRequest {
+            run_id: run_id.to_string(),
+            rank: rank as i32,
+            error: attempt.leave_error(rank),
+            ..Default::default()
+        };
         match leave_retrying(&mut clients.rendezvous, request, CALL_DEADLINE).await {
             Ok(Ok(_)) => {}
             Ok(Err(s)) if s.code() == Code::NotFound => {

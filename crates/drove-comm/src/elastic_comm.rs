@@ -1,0 +1,240 @@
+//! [`ElasticComm`]: the [`Elastic`] communicator of a run whose worlds form
+//! through a drove coordinator.
+
+use std::net::TcpListener;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use crate::comm::{Collective, CommOptions, Communicator, Gathered, Pending, ReduceOptions};
+use crate::coordinator::{Beat, Beating, CoordinatorRendezvous, ElasticJoin, spawn_heartbeats};
+use crate::dtype::{Buffer, ReduceOp, TensorMut, TensorRef};
+use crate::elastic::{Elastic, MemberId, ReformCause, World, WorldRange};
+use crate::error::CommError;
+use crate::spec::OpSpec;
+use crate::{Element, Place};
+
+/// How long a forming world waits for more members, after its minimum, by
+/// default: long enough for a replaced member to come back, short enough
+/// that a lost one costs a few seconds.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
+
+/// A communicator whose world can end and re-form: the current world's
+/// [`Communicator`], replaced by the next generation's on [`Elastic::reform`].
+/// Each world's connections greet with its generation, so a member left out
+/// of a newer world cannot reach it.
+pub struct ElasticComm {
+    rendezvous: CoordinatorRendezvous,
+    member: MemberId,
+    range: WorldRange,
+    settle: Duration,
+    opts: CommOptions,
+    /// The current world's communicator; `None` between worlds.
+    current: RwLock<Option<Communicator>>,
+    world: Mutex<World>,
+    beat: Arc<Beat>,
+}
+
+impl std::fmt::Debug for ElasticComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElasticComm")
+            .field("member", &self.member)
+            .field("range", &self.range)
+            .field("world", &*self.lock_world())
+            .finish()
+    }
+}
+
+/// Where an elastic member stands in its run.
+#[derive(Clone, Debug)]
+pub struct Membership {
+    /// Its stable id.
+    pub member: MemberId,
+    /// The sizes its worlds may have.
+    pub range: WorldRange,
+    /// How long a forming world waits for more members after its minimum.
+    pub settle: Duration,
+}
+
+impl ElasticComm {
+    /// Joins the elastic run of `rendezvous` (its coordinator, run id and
+    /// bind address; its rank request is not used: ranks are handed out per
+    /// generation) as `membership.member`, and connects to the first world it
+    /// is given. Waits up to `opts.connect_timeout`.
+    pub fn join(
+        rendezvous: CoordinatorRendezvous,
+        membership: Membership,
+        opts: CommOptions,
+    ) -> Result<ElasticComm, CommError> {
+        let heartbeat = rendezvous.heartbeat;
+        let comm = ElasticComm {
+            rendezvous,
+            member: membership.member,
+            range: membership.range,
+            settle: membership.settle,
+            opts,
+            current: RwLock::new(None),
+            world: Mutex::new(World { generation: 0, place: Place::SINGLE, members: Vec::new() }),
+            beat: Arc::new(Beat::default()),
+        };
+        comm.form(0, 0, None)?;
+        if let Some(every) = heartbeat {
+            let rv = &comm.rendezvous;
+            let who = Beating::Member(comm.member.as_str().to_string(), Arc::clone(&comm.beat));
+            spawn_heartbeats(rv.addr.clone(), rv.token.clone(), rv.run_id.clone(), who, every);
+        }
+        Ok(comm)
+    }
+
+    /// This member's id.
+    pub fn member(&self) -> &MemberId {
+        &self.member
+    }
+
+    /// The sizes this run's worlds may have.
+    pub fn range(&self) -> WorldRange {
+        self.range
+    }
+
+    fn lock_world(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Joins the generation after `after` and connects to its peers.
+    fn form(&self, after: u64, step: u64, cause: Option<&ReformCause>) -> Result<World, CommError> {
+        let deadline = Instant::now() + self.opts.connect_timeout;
+        let bind = self.rendezvous.bind;
+        let listener = TcpListener::bind(bind).map_err(|e| CommError::io(format!("binding {bind}"), e))?;
+        let local = listener.local_addr().map_err(|e| CommError::io("reading the listener's address", e))?;
+        let join =
+            ElasticJoin { member: &self.member, range: self.range, settle: self.settle, after, step, cause };
+        let (table, world) = self.rendezvous.join_elastic(&join, local, deadline)?;
+        let comm = Communicator::with_table(listener, &table, world.generation, &self.opts, deadline)?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(comm);
+        self.beat.generation.store(world.generation, Ordering::SeqCst);
+        self.beat.reform.store(false, Ordering::SeqCst);
+        *self.lock_world() = world.clone();
+        tracing::info!(
+            generation = world.generation,
+            rank = world.place.rank().get(),
+            world = world.place.world().get(),
+            member = %self.member,
+            "joined a world of the elastic run"
+        );
+        Ok(world)
+    }
+
+    /// Runs `f` on the current world's communicator.
+    fn with<R>(&self, f: impl FnOnce(&Communicator) -> Result<R, CommError>) -> Result<R, CommError> {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        match current.as_ref() {
+            Some(comm) => f(comm),
+            None => Err(CommError::Broken {
+                cause: "between worlds: the last world ended and no new one has formed".into(),
+            }),
+        }
+    }
+}
+
+impl Elastic for ElasticComm {
+    fn world(&self) -> World {
+        self.lock_world().clone()
+    }
+
+    fn reform_wanted(&self) -> Result<bool, CommError> {
+        let mut flag = [i32::from(self.beat.reform.load(Ordering::SeqCst))];
+        self.all_reduce(
+            "elastic.reform",
+            &[1],
+            i32::tensor_mut(&mut flag),
+            ReduceOptions::new(ReduceOp::Max),
+        )?;
+        Ok(flag[0] != 0)
+    }
+
+    fn reform(&self, step: u64, cause: &ReformCause) -> Result<World, CommError> {
+        let after = self.lock_world().generation;
+        tracing::warn!(generation = after, step, "the world ends: {cause}; re-forming");
+        // Closing this world's connections first tells every peer still in
+        // an op with it at once.
+        let old = self.current.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(old);
+        self.form(after, step, Some(cause))
+    }
+
+    fn leave(&self, step: u64, error: Option<&str>) -> Result<(), CommError> {
+        self.rendezvous.leave_elastic(&self.member, step, error)
+    }
+}
+
+impl Collective for ElasticComm {
+    fn rank(&self) -> usize {
+        self.lock_world().place.rank().get()
+    }
+
+    fn world_size(&self) -> usize {
+        self.lock_world().place.world().get()
+    }
+
+    fn all_reduce(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorMut<'_>,
+        opts: ReduceOptions,
+    ) -> Result<(), CommError> {
+        self.with(|c| c.all_reduce(name, shape, data, opts))
+    }
+
+    fn broadcast(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorMut<'_>,
+        root: usize,
+    ) -> Result<(), CommError> {
+        self.with(|c| c.broadcast(name, shape, data, root))
+    }
+
+    fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError> {
+        self.with(|c| c.all_gather(name, shape, data))
+    }
+
+    fn reduce_scatter(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: TensorRef<'_>,
+        opts: ReduceOptions,
+    ) -> Result<Gathered, CommError> {
+        self.with(|c| c.reduce_scatter(name, shape, data, opts))
+    }
+
+    fn barrier(&self, name: &str) -> Result<(), CommError> {
+        self.with(|c| c.barrier(name))
+    }
+
+    fn agree(&self, spec: &OpSpec) -> Result<(), CommError> {
+        self.with(|c| c.agree(spec))
+    }
+
+    fn all_reduce_async(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: Buffer,
+        opts: ReduceOptions,
+    ) -> Pending<Buffer> {
+        match self.with(|c| Ok(c.all_reduce_async(name, shape, data, opts))) {
+            Ok(pending) => pending,
+            Err(e) => Pending::ready(Err(e)),
+        }
+    }
+
+    fn broadcast_async(&self, name: &str, shape: &[usize], data: Buffer, root: usize) -> Pending<Buffer> {
+        match self.with(|c| Ok(c.broadcast_async(name, shape, data, root))) {
+            Ok(pending) => pending,
+            Err(e) => Pending::ready(Err(e)),
+        }
+    }
+}
