@@ -2,6 +2,13 @@
 //! shuffles the whole dataset with the same (seed, epoch) stream, the order is
 //! padded (by repeating its start) or truncated to a multiple of the world size,
 //! and rank `r` takes positions `r, r + W, r + 2W, ...`.
+//!
+//! An elastic run re-shards what is left of an epoch when its world changes:
+//! [`DistributedSampler::starting_at`] takes the epoch's unpadded order from a
+//! global position on, padded or truncated for the new world. Batch `k` of
+//! every rank covers the positions `k*W*B .. (k+1)*W*B` of that rest, so the
+//! positions applied after `k` steps are always a prefix of the order: the
+//! epoch's progress is one number, whatever the world sizes were.
 
 use drove_seed::StreamKey;
 use rand_core::Rng;
@@ -41,6 +48,8 @@ pub struct DistributedSampler {
     seed: u64,
     remainder: Remainder,
     epoch: u64,
+    /// The first position of the epoch's order this sampler shards.
+    start: usize,
 }
 
 impl DistributedSampler {
@@ -60,7 +69,27 @@ impl DistributedSampler {
             seed,
             remainder: Remainder::Pad,
             epoch: 0,
+            start: 0,
         })
+    }
+
+    /// Shards only the positions from `position` on of each epoch's order
+    /// (clamped to its length): what is left of an epoch when an elastic
+    /// world re-forms after `position` samples were applied. At 0 the
+    /// sampler is [`DistributedSampler::new`]'s.
+    pub fn starting_at(mut self, position: usize) -> Self {
+        self.start = position.min(self.len);
+        self
+    }
+
+    /// The first position of the epoch's order this sampler shards.
+    pub fn start(&self) -> usize {
+        self.start
+    }
+
+    /// Number of real (unpadded) positions this sampler's world shares.
+    pub fn remaining(&self) -> usize {
+        self.len - self.start
     }
 
     /// Turns shuffling on or off (on by default).
@@ -103,18 +132,27 @@ impl DistributedSampler {
     /// Number of samples every rank gets.
     pub fn shard_len(&self) -> usize {
         match self.remainder {
-            Remainder::Pad => self.len.div_ceil(self.world_size),
-            Remainder::Drop => self.len / self.world_size,
+            Remainder::Pad => self.remaining().div_ceil(self.world_size),
+            Remainder::Drop => self.remaining() / self.world_size,
         }
     }
 
-    /// The whole order for the current epoch (the same on every rank).
-    pub fn global_order(&self) -> Vec<usize> {
+    /// The epoch's order of every sample, unpadded: fixed by (seed, epoch),
+    /// whatever the world.
+    pub fn epoch_order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
             let mut rng = StreamKey::shuffle(self.seed, self.epoch).pcg64();
             shuffle(&mut order, &mut rng);
         }
+        order
+    }
+
+    /// The order this world shards for the current epoch (the same on every
+    /// rank): the epoch's order from the start position, padded by
+    /// repeating its beginning or truncated to a multiple of the world size.
+    pub fn global_order(&self) -> Vec<usize> {
+        let mut order = self.epoch_order().split_off(self.start);
         let total = self.shard_len() * self.world_size;
         if total > order.len() && !order.is_empty() {
             let mut i = 0;

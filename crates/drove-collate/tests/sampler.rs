@@ -68,3 +68,52 @@ fn a_rank_outside_the_world_is_refused() {
     let msg = DistributedSampler::new(10, 2, 5, 0).unwrap_err().to_string();
     assert!(msg.contains("rank 5") && msg.contains("world size 2"), "{msg}");
 }
+
+/// Batch `k` of every rank of a world of `world` with batches of `batch`,
+/// from `start`: the positions of the epoch's order they take together.
+fn step_positions(len: usize, world: usize, batch: usize, start: usize, k: usize) -> Vec<usize> {
+    let order = DistributedSampler::new(len, 1, 0, 42).unwrap().epoch_order();
+    let mut taken: Vec<usize> = (0..world)
+        .flat_map(|r| {
+            let s = DistributedSampler::new(len, world, r, 42).unwrap().starting_at(start);
+            s.indices().into_iter().skip(k * batch).take(batch).collect::<Vec<_>>()
+        })
+        .map(|sample| order.iter().position(|&o| o == sample).unwrap())
+        .collect();
+    taken.sort_unstable();
+    taken.dedup();
+    taken
+}
+
+#[test]
+fn a_world_resharded_mid_epoch_applies_every_position_once() {
+    // 4 ranks x 3 rows for 2 steps (positions 0..24), then the rest at world 3:
+    // every position of the epoch exactly once, each step a contiguous block.
+    let (len, batch) = (101, 3);
+    let mut applied: Vec<usize> = (0..2).flat_map(|k| step_positions(len, 4, batch, 0, k)).collect();
+    assert_eq!(applied, (0..24).collect::<Vec<_>>());
+    let rest = DistributedSampler::new(len, 3, 0, 42).unwrap().starting_at(24);
+    assert_eq!((rest.start(), rest.remaining(), rest.shard_len()), (24, 77, 26));
+    for k in 0..rest.shard_len().div_ceil(batch) {
+        let from = 24 + k * 3 * batch;
+        let to = (from + 3 * batch).min(len);
+        // The last step's padding repeats the rest's first positions.
+        let (block, padding): (Vec<usize>, Vec<usize>) =
+            step_positions(len, 3, batch, 24, k).into_iter().partition(|&p| p >= from);
+        assert_eq!(block, (from..to).collect::<Vec<_>>(), "step {k} at world 3");
+        assert!(padding.iter().all(|&p| (24..24 + 3 * batch).contains(&p)), "step {k}: {padding:?}");
+        applied.extend(block);
+    }
+    assert_eq!(applied, (0..len).collect::<Vec<_>>());
+}
+
+#[test]
+fn starting_at_zero_is_the_plain_sampler_and_past_the_end_is_empty() {
+    for world in [1, 3, 4] {
+        for r in 0..world {
+            let plain = DistributedSampler::new(50, world, r, 7).unwrap();
+            assert_eq!(plain.clone().starting_at(0).indices(), plain.indices());
+            assert!(plain.starting_at(80).indices().is_empty());
+        }
+    }
+}
