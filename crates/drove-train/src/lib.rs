@@ -39,7 +39,7 @@ pub mod schedule;
 pub mod timeline;
 
 pub use placement::Placement;
-pub use replica::{LossReduction, Micro, PhaseTimes, Replica, ReplicaOptions, Rows, StepOutcome};
+pub use replica::{LossReduction, Micro, PhaseTimes, Replica, ReplicaOptions, Resynced, Rows, StepOutcome};
 pub use schedule::Schedule;
 
 use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};

@@ -52,12 +52,15 @@ use drove_comm::{Buffer, Collective, Element, Gathered, ReduceOptions};
 
 use crate::TrainError;
 use crate::checkpoint;
+
+mod resync;
 use crate::device::BucketAllReduce;
 use crate::flat::{AdamWSettings, FlatAdamW, FlatParams, NO_DECAY, decays};
 use crate::micro::{MicroBatches, fresh_leaves};
 use crate::placement::{Placement, PlacementStep, Start, UpdateSettings};
 use crate::schedule::{LrScaling, Schedule};
 use crate::timeline::{Timeline, Track};
+pub use resync::Resynced;
 
 /// The timeline of a replica that records none.
 static OFF: std::sync::LazyLock<Timeline> = std::sync::LazyLock::new(Timeline::off);
@@ -274,6 +277,18 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let mut params = FlatParams::read(&model)?;
         crate::broadcast_flat(&mut params, comm, options.root)?;
         let model = params.write(model, device);
+        Self::assemble(model, params, comm, options, device)
+    }
+
+    /// The replica of `model`, whose parameters `params` holds, with its
+    /// placement started.
+    fn assemble(
+        model: M,
+        params: FlatParams,
+        comm: &'c dyn Collective,
+        options: ReplicaOptions,
+        device: &B::Device,
+    ) -> Result<Self, TrainError> {
         let decay: Vec<bool> = params.names.iter().map(|n| decays(n, &options.no_decay)).collect();
         let micro = MicroBatches::new(
             MicroBatches::resolve(options.micro_batches, usize::MAX),

@@ -370,3 +370,129 @@ fn a_checkpoint_in_the_previous_layout_resumes_in_both_placements() {
     let err = replica.load(&ckpt).unwrap_err().to_string();
     assert!(err.contains("state.json") && err.contains("optimizer_step is missing"), "{err}");
 }
+
+/// A collective whose world is replaced between steps, as an elastic run's
+/// is (drove-comm's `ElasticComm` does this through a coordinator).
+struct Swap(std::sync::RwLock<Option<Communicator>>);
+
+impl Swap {
+    fn join(dir: &Path, rank: usize, world: usize) -> Communicator {
+        let rv = FileRendezvous::new(dir, drove_comm::Place::new(rank, world).unwrap());
+        Communicator::connect(&rv, CommOptions::default()).unwrap()
+    }
+    fn replace(&self, next: Communicator) {
+        let old = self.0.write().unwrap().replace(next);
+        drop(old);
+    }
+    fn comm(&self) -> std::sync::RwLockReadGuard<'_, Option<Communicator>> {
+        self.0.read().unwrap()
+    }
+}
+
+impl Collective for Swap {
+    fn rank(&self) -> usize {
+        self.comm().as_ref().unwrap().rank()
+    }
+    fn world_size(&self) -> usize {
+        self.comm().as_ref().unwrap().world_size()
+    }
+    fn all_reduce(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: drove_comm::TensorMut<'_>,
+        opts: drove_comm::ReduceOptions,
+    ) -> Result<(), drove_comm::CommError> {
+        self.comm().as_ref().unwrap().all_reduce(name, shape, data, opts)
+    }
+    fn broadcast(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: drove_comm::TensorMut<'_>,
+        root: usize,
+    ) -> Result<(), drove_comm::CommError> {
+        self.comm().as_ref().unwrap().broadcast(name, shape, data, root)
+    }
+    fn all_gather(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: drove_comm::TensorRef<'_>,
+    ) -> Result<drove_comm::Gathered, drove_comm::CommError> {
+        self.comm().as_ref().unwrap().all_gather(name, shape, data)
+    }
+    fn reduce_scatter(
+        &self,
+        name: &str,
+        shape: &[usize],
+        data: drove_comm::TensorRef<'_>,
+        opts: drove_comm::ReduceOptions,
+    ) -> Result<drove_comm::Gathered, drove_comm::CommError> {
+        self.comm().as_ref().unwrap().reduce_scatter(name, shape, data, opts)
+    }
+    fn barrier(&self, name: &str) -> Result<(), drove_comm::CommError> {
+        self.comm().as_ref().unwrap().barrier(name)
+    }
+}
+
+#[test]
+#[allow(clippy::too_many_lines)]
+fn a_member_joining_a_re_formed_world_takes_the_most_advanced_state() {
+    for placement in [Placement::Host, Placement::Backend] {
+        let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (first, second) = (first.path().to_path_buf(), second.path().to_path_buf());
+        let handles: Vec<_> = (0..3)
+            .map(|rank| {
+                let (first, second) = (first.clone(), second.clone());
+                std::thread::spawn(move || {
+                    let opts = ReplicaOptions { lr: 1e-3 / 2.0, ..options(placement) };
+                    let device = Default::default();
+                    let swap = Swap(std::sync::RwLock::new(None));
+                    let (mut replica, trained, mut state) = if rank < 2 {
+                        // Generation 1: two members train three steps.
+                        swap.replace(Swap::join(&first, rank, 2));
+                        let mut replica = Replica::new(initial(), &swap, opts, &device).unwrap();
+                        train(&mut replica, Plan { rows: 8, first: rank * 8 }, 0, 3);
+                        let trained = params(replica.model());
+                        let state = if rank == 0 { [7, 24] } else { [0, 0] };
+                        swap.replace(Swap::join(&second, rank, 3));
+                        (replica, Some(trained), state)
+                    } else {
+                        // A new member, with other random weights, joins generation 2.
+                        swap.replace(Swap::join(&second, 2, 3));
+                        let replica = Replica::joining(tagger(&device), &swap, opts, &device).unwrap();
+                        (replica, None, [0, 0])
+                    };
+                    let resynced = replica.resync(&mut state).unwrap();
+                    let synced = params(replica.model());
+                    train(&mut replica, Plan { rows: 4, first: rank * 4 }, 3, 1);
+                    (resynced, state, trained, synced, replica.steps(), params(replica.model()))
+                })
+            })
+            .collect();
+        let ranks: Vec<_> = handles.into_iter().map(|h| h.join().expect("rank thread")).collect();
+        let trained = ranks[0].2.clone().unwrap();
+        for (rank, (resynced, state, _, synced, steps, after)) in ranks.iter().enumerate() {
+            assert_eq!((resynced.source, resynced.step), (0, 3), "{placement} rank {rank}");
+            assert_eq!(resynced.behind, vec![2], "{placement} rank {rank}: only the joiner was behind");
+            assert_eq!(resynced.fingerprint, ranks[0].0.fingerprint, "{placement} rank {rank}");
+            assert_eq!(*state, [7, 24], "{placement} rank {rank}: the loop state of the source");
+            assert_eq!(
+                relative_diff(synced, &trained),
+                0.0,
+                "{placement} rank {rank}: the trained parameters"
+            );
+            assert_eq!(*steps, 4, "{placement} rank {rank}: the schedule goes on from step 3");
+            assert_eq!(
+                relative_diff(after, &ranks[0].5),
+                0.0,
+                "{placement} rank {rank}: one step at world 3"
+            );
+        }
+        assert!(
+            relative_diff(&ranks[2].5, &trained) > 1e-6,
+            "{placement}: the fourth step moved the parameters"
+        );
+    }
+}
