@@ -29,6 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 requested_rank: -1,
                 timeout_ms: 10_000,
                 restart_count: 0,
+                ..Default::default()
             };
             c.rendezvous.join(req).await.map(|r| r.into_inner())
         }));

@@ -29,6 +29,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod generations;
 mod metrics;
 pub mod prometheus;
 mod rendezvous;

@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use drove_proto::v1::rendezvous_server::Rendezvous;
 use drove_proto::v1::{
-    GetKeyRequest, GetKeyResponse, HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse,
-    LeaveRequest, LeaveResponse, Peer, PutKeyRequest, PutKeyResponse,
+    GenerationsRequest, GenerationsResponse, GetKeyRequest, GetKeyResponse, HeartbeatRequest,
+    HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest, LeaveResponse, Peer, PutKeyRequest,
+    PutKeyResponse,
 };
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
@@ -16,6 +17,41 @@ use tonic::{Request, Response, Status};
 use crate::run_state::RunState;
 use crate::store::{Store, StoreError};
 use crate::validate::{check_rank, check_run_id, check_world_size, internal, rank_in};
+
+mod elastic;
+
+use elastic::ElasticRun;
+
+/// A run's key-value slot (e.g. the NCCL unique id), and its change counter
+/// that waiting readers watch.
+struct Keys {
+    values: HashMap<String, Vec<u8>>,
+    changed: watch::Sender<u64>,
+}
+
+impl Default for Keys {
+    fn default() -> Keys {
+        Keys { values: HashMap::new(), changed: watch::channel(0).0 }
+    }
+}
+
+/// Every run in memory: fixed-world runs by rank, elastic runs by generation.
+/// A run id is in at most one of the two.
+#[derive(Default)]
+struct Runs {
+    fixed: HashMap<String, Run>,
+    elastic: HashMap<String, ElasticRun>,
+}
+
+impl Runs {
+    /// The keys of run `run_id`, fixed or elastic.
+    fn keys(&mut self, run_id: &str) -> Option<&mut Keys> {
+        if let Some(run) = self.fixed.get_mut(run_id) {
+            return Some(&mut run.keys);
+        }
+        self.elastic.get_mut(run_id).map(|run| &mut run.keys)
+    }
+}
 
 #[derive(Clone, Debug)]
 struct Member {
@@ -35,8 +71,7 @@ struct Run {
     /// Whether any worker left with an error or fell silent: once every
     /// worker has left, the run ends failed.
     failed: bool,
-    kv: HashMap<String, Vec<u8>>,
-    kv_changed: watch::Sender<u64>,
+    keys: Keys,
     /// Each rank's last heartbeat (none before its first, nor after a restart
     /// until it sends one again: only ranks that send heartbeats can hang).
     heartbeats: Vec<Option<Instant>>,
@@ -53,8 +88,7 @@ impl Run {
             state: RunState::default(),
             left: vec![false; world_size],
             failed: false,
-            kv: HashMap::new(),
-            kv_changed: watch::channel(0).0,
+            keys: Keys::default(),
             heartbeats: vec![None; world_size],
             error: String::new(),
         }
@@ -78,6 +112,7 @@ impl Run {
                         address: m.address.clone(),
                         host: m.host.clone(),
                         local_rank: *local,
+                        member_id: String::new(),
                     };
                     *local += 1;
                     p
@@ -122,7 +157,9 @@ impl Run {
 /// long the join waits for its world.
 fn check_join(req: &JoinRequest, default_timeout: Duration) -> Result<Duration, Status> {
     check_run_id(&req.run_id, "run_id")?;
-    check_world_size(req.world_size, "world_size")?;
+    if req.max_size == 0 {
+        check_world_size(req.world_size, "world_size")?;
+    }
     if req.address.is_empty() {
         return Err(Status::invalid_argument(
             "address must be the worker's data-plane host:port, found empty",
@@ -143,7 +180,7 @@ fn check_join(req: &JoinRequest, default_timeout: Duration) -> Result<Duration, 
 /// Shared rendezvous state.
 #[derive(Clone)]
 pub struct RendezvousService {
-    runs: Arc<Mutex<HashMap<String, Run>>>,
+    runs: Arc<Mutex<Runs>>,
     store: Store,
     default_timeout: Duration,
 }
@@ -154,8 +191,14 @@ impl RendezvousService {
     /// coordinator); joins wait `default_timeout` unless the request says
     /// otherwise.
     pub fn new(store: Store, default_timeout: Duration) -> Result<Self, StoreError> {
-        let mut runs = HashMap::new();
+        let mut runs = Runs::default();
         for live in store.live_runs()? {
+            if let Some((min, max, generations)) = store.generations(&live.run_id)? {
+                let run = ElasticRun::resume(&live.run_id, min, max, generations);
+                tracing::info!(run = %live.run_id, generation = run.gens.newest(), "resumed an elastic run from the store");
+                runs.elastic.insert(live.run_id, run);
+                continue;
+            }
             let world = live.world_size.max(0) as usize;
             let mut run = Run::new(world);
             for (r, m) in live.members.iter().filter_map(|m| Some((rank_in(m.rank, world)?, m))) {
@@ -165,12 +208,12 @@ impl RendezvousService {
             }
             run.state = live.state.on_resume();
             tracing::info!(run = %live.run_id, state = %run.state, world, joined = run.joined(), "resumed a run from the store");
-            runs.insert(live.run_id, run);
+            runs.fixed.insert(live.run_id, run);
         }
         Ok(RendezvousService { runs: Arc::new(Mutex::new(runs)), store, default_timeout })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Run>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Runs> {
         self.runs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -190,7 +233,10 @@ impl RendezvousService {
     /// order (the last join's running overwritten by the first one's rendezvous).
     fn admit(&self, req: &JoinRequest) -> Result<(usize, watch::Receiver<u64>), Status> {
         let world = req.world_size as usize;
-        let mut runs = self.lock();
+        let mut guard = self.lock();
+        let runs = &mut *guard;
+        self.forget_ended_elastic(runs, req)?;
+        let runs = &mut runs.fixed;
         let mut fresh = !runs.contains_key(&req.run_id);
         let run = runs.entry(req.run_id.clone()).or_insert_with(|| Run::new(world));
         if run.state.has_ended() {
@@ -234,7 +280,7 @@ impl RendezvousService {
             loop {
                 {
                     let runs = self.lock();
-                    if let Some(peers) = runs.get(&req.run_id).and_then(Run::peers) {
+                    if let Some(peers) = runs.fixed.get(&req.run_id).and_then(Run::peers) {
                         return Ok(peers);
                     }
                 }
@@ -250,6 +296,7 @@ impl RendezvousService {
                 local_rank: peers[rank].local_rank,
                 world_size: world as i32,
                 peers,
+                generation: 0,
             })),
             Ok(Err(status)) => Err(status),
             Err(_) => {
@@ -272,7 +319,9 @@ impl RendezvousService {
     fn withdraw(&self, req: &JoinRequest, rank: usize) -> (usize, Vec<usize>) {
         let world = req.world_size as usize;
         let mut runs = self.lock();
-        let run = runs.get_mut(&req.run_id).expect("runs are never removed");
+        let Some(run) = runs.fixed.get_mut(&req.run_id) else {
+            return (0, Vec::new()); // an elastic join took the ended run's id
+        };
         if run.members[rank].as_ref().is_some_and(|m| m.address == req.address)
             && let Ok(state) = run.state.on_withdraw()
         {
@@ -294,7 +343,8 @@ impl RendezvousService {
         let mut failed = Vec::new();
         {
             let mut runs = self.lock();
-            for (run_id, run) in runs.iter_mut() {
+            self.lose_silent_members(&mut runs.elastic, timeout);
+            for (run_id, run) in runs.fixed.iter_mut() {
                 let Ok(next) = run.state.on_silence() else { continue };
                 let silent = (0..run.world_size)
                     .find(|&r| !run.left[r] && run.heartbeats[r].is_some_and(|at| at.elapsed() >= timeout));
@@ -325,6 +375,9 @@ impl Rendezvous for RendezvousService {
     async fn join(&self, request: Request<JoinRequest>) -> Result<Response<JoinResponse>, Status> {
         let req = request.into_inner();
         let timeout = check_join(&req, self.default_timeout)?;
+        if req.max_size != 0 {
+            return self.join_elastic(&req, timeout).await;
+        }
         let (rank, changed) = self.admit(&req)?;
         self.wait_for_world(&req, rank, changed, timeout).await
     }
@@ -335,9 +388,13 @@ impl Rendezvous for RendezvousService {
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let req = request.into_inner();
         check_run_id(&req.run_id, "run_id")?;
+        if let Some(response) = self.heartbeat_elastic(&req)? {
+            return Ok(Response::new(response));
+        }
         let response = {
             let mut runs = self.lock();
             let run = runs
+                .fixed
                 .get_mut(&req.run_id)
                 .ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
             if !req.observer {
@@ -347,6 +404,7 @@ impl Rendezvous for RendezvousService {
             HeartbeatResponse {
                 state: drove_proto::v1::RunState::from(run.state).into(),
                 error: run.error.clone(),
+                ..Default::default()
             }
         };
         if !req.observer {
@@ -358,9 +416,12 @@ impl Rendezvous for RendezvousService {
     async fn leave(&self, request: Request<LeaveRequest>) -> Result<Response<LeaveResponse>, Status> {
         let req = request.into_inner();
         check_run_id(&req.run_id, "run_id")?;
+        if self.leave_elastic(&req)? {
+            return Ok(Response::new(LeaveResponse {}));
+        }
         {
             let mut runs = self.lock();
-            let Some(run) = runs.get_mut(&req.run_id) else {
+            let Some(run) = runs.fixed.get_mut(&req.run_id) else {
                 // Its workers never joined (they died first, or this coordinator
                 // restarted): record how the run ended all the same.
                 drop(runs);
@@ -395,10 +456,10 @@ impl Rendezvous for RendezvousService {
             )));
         }
         let mut runs = self.lock();
-        let run =
-            runs.get_mut(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
-        run.kv.insert(req.key, req.value);
-        run.kv_changed.send_modify(|v| *v += 1);
+        let keys =
+            runs.keys(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+        keys.values.insert(req.key, req.value);
+        keys.changed.send_modify(|v| *v += 1);
         Ok(Response::new(PutKeyResponse {}))
     }
 
@@ -409,21 +470,22 @@ impl Rendezvous for RendezvousService {
             return Err(Status::invalid_argument(format!("wait_ms must be >= 0, found {}", req.wait_ms)));
         }
         let mut changed = {
-            let runs = self.lock();
-            let run =
-                runs.get(&req.run_id).ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
-            if let Some(v) = run.kv.get(&req.key) {
+            let mut runs = self.lock();
+            let keys = runs
+                .keys(&req.run_id)
+                .ok_or_else(|| Status::not_found(format!("no run {:?}", req.run_id)))?;
+            if let Some(v) = keys.values.get(&req.key) {
                 return Ok(Response::new(GetKeyResponse { value: v.clone() }));
             }
-            run.kv_changed.subscribe()
+            keys.changed.subscribe()
         };
         let wait = async {
             loop {
                 if changed.changed().await.is_err() {
                     return None;
                 }
-                let runs = self.lock();
-                if let Some(v) = runs.get(&req.run_id).and_then(|r| r.kv.get(&req.key)) {
+                let mut runs = self.lock();
+                if let Some(v) = runs.keys(&req.run_id).and_then(|k| k.values.get(&req.key)) {
                     return Some(v.clone());
                 }
             }
@@ -435,5 +497,14 @@ impl Rendezvous for RendezvousService {
                 req.run_id, req.key, req.wait_ms
             ))),
         }
+    }
+
+    async fn generations(
+        &self,
+        request: Request<GenerationsRequest>,
+    ) -> Result<Response<GenerationsResponse>, Status> {
+        let req = request.into_inner();
+        check_run_id(&req.run_id, "run_id")?;
+        Ok(Response::new(GenerationsResponse { generations: self.list_generations(&req.run_id)? }))
     }
 }

@@ -43,6 +43,7 @@ async fn join(c: &mut Clients, run: &str, rank: i32, world: i32) {
         requested_rank: rank,
         timeout_ms: 10_000,
         restart_count: 0,
+        ..Default::default()
     };
     c.rendezvous.join(req).await.expect("join");
 }
@@ -90,7 +91,10 @@ async fn a_scrape_holds_the_latest_values_the_alarm_and_the_counters() {
     let stream = tokio_stream::iter(vec![PushRequest { points }]);
     let mut acks = c.metrics.push(stream).await.unwrap().into_inner();
     while acks.message().await.unwrap().is_some() {}
-    c.rendezvous.leave(LeaveRequest { run_id: "done".into(), rank: 0, error: String::new() }).await.unwrap();
+    c.rendezvous
+        .leave(LeaveRequest { run_id: "done".into(), rank: 0, error: String::new(), ..Default::default() })
+        .await
+        .unwrap();
     let alarm = RunEvent {
         run_id: "live".into(),
         rank: 0,

@@ -42,6 +42,7 @@ fn join(run: &str, world: i32, i: usize, timeout_ms: i64) -> JoinRequest {
         requested_rank: -1,
         timeout_ms,
         restart_count: 0,
+        ..Default::default()
     }
 }
 
@@ -133,7 +134,12 @@ async fn racing_joins_and_leaves_store_the_state_of_the_last_one() {
     for k in 0..RUNS {
         let calls = workers.iter().enumerate().map(|(rank, w)| {
             let mut w = w.rendezvous.clone();
-            let req = LeaveRequest { run_id: format!("race-{k}"), rank: rank as i32, error: String::new() };
+            let req = LeaveRequest {
+                run_id: format!("race-{k}"),
+                rank: rank as i32,
+                error: String::new(),
+                ..Default::default()
+            };
             tokio::spawn(async move { w.leave(req).await.map(|_| ()) })
         });
         for call in calls.collect::<Vec<_>>() {

@@ -1,0 +1,898 @@
+//! An elastic run as a sequence of generations: every world it trains in is
+//! one [`Generation`] (1, 2, ...), and this module holds every transition
+//! between them, as plain data with no I/O, so it is tested alone.
+//!
+//! ```text
+//!             enough members joined              a member re-joins, or
+//!   Forming ─────────────────────────▶ Running ──────────────────────▶ Ended
+//!      │        (the closing rule)         │    every member left, or
+//!      │                                   │    one left with an error
+//!      └───── the run fails ───────────────┴──────────────────────────▶ Ended
+//! ```
+//!
+//! At most one generation forms at a time, and it is the newest. It closes
+//! (starts running, with dense ranks) only once the one before it has ended,
+//! so two generations never run at once: the one before keeps running until
+//! one of its members re-joins (a member that re-joins has stopped training
+//! in it), which ends it. [`Elastic::try_close`] is the closing rule:
+//! `max_size` members, or at least `min_size` and either every member of the
+//! previous generation not named lost is back or the settle time has passed
+//! since the last join. A member whose generation was replaced by one formed
+//! without it was left out ([`GenerationError::LeftOut`]).
+//!
+//! Every change marks the generations it touched; the service writes those
+//! ([`Elastic::take_changed`]) to the store under the run's lock.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use drove_proto::v1;
+use serde::{Deserialize, Serialize};
+
+use crate::run_state::RunState;
+
+/// How long a forming generation with at least `min_size` members waits for
+/// more since its last join, when the join does not say (`settle_ms` 0).
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
+
+/// Where a generation is in its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GenerationState {
+    /// Members are joining.
+    #[default]
+    Forming,
+    /// Its world trains.
+    Running,
+    /// It ended (see its `end`).
+    Ended,
+}
+
+/// A stored generation state that is none of them.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not a generation state (forming, running or ended)")]
+pub struct ParseGenerationStateError {
+    /// What was read.
+    pub value: String,
+}
+
+impl GenerationState {
+    /// Every state.
+    pub const ALL: [GenerationState; 3] =
+        [GenerationState::Forming, GenerationState::Running, GenerationState::Ended];
+
+    /// The state's word, as the store holds it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GenerationState::Forming => "forming",
+            GenerationState::Running => "running",
+            GenerationState::Ended => "ended",
+        }
+    }
+}
+
+impl fmt::Display for GenerationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl FromStr for GenerationState {
+    type Err = ParseGenerationStateError;
+
+    fn from_str(s: &str) -> Result<GenerationState, ParseGenerationStateError> {
+        GenerationState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| ParseGenerationStateError { value: s.to_string() })
+    }
+}
+
+impl From<GenerationState> for v1::GenerationState {
+    fn from(state: GenerationState) -> v1::GenerationState {
+        match state {
+            GenerationState::Forming => v1::GenerationState::Forming,
+            GenerationState::Running => v1::GenerationState::Running,
+            GenerationState::Ended => v1::GenerationState::Ended,
+        }
+    }
+}
+
+/// Why a generation ended (or why a newer one forms while it runs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct End {
+    /// How it was seen.
+    pub kind: v1::EndKind,
+    /// The members lost (or added, for [`v1::EndKind::MemberAdded`]).
+    pub members: Vec<String>,
+    /// What was seen, in words.
+    pub detail: String,
+}
+
+impl End {
+    /// An end of `kind` naming `members`, without detail.
+    pub fn of(kind: v1::EndKind, members: &[&str]) -> End {
+        End { kind, members: members.iter().map(|m| m.to_string()).collect(), detail: String::new() }
+    }
+
+    /// As the wire carries it.
+    pub fn to_proto(&self) -> v1::GenerationEnd {
+        v1::GenerationEnd {
+            kind: self.kind.into(),
+            members: self.members.clone(),
+            detail: self.detail.clone(),
+        }
+    }
+
+    /// From the wire (an unknown kind reads as unspecified).
+    pub fn from_proto(end: &v1::GenerationEnd) -> End {
+        End {
+            kind: v1::EndKind::try_from(end.kind).unwrap_or(v1::EndKind::Unspecified),
+            members: end.members.clone(),
+            detail: end.detail.clone(),
+        }
+    }
+
+    /// Whether it names members that were lost (rather than added, or none).
+    fn names_losses(&self) -> bool {
+        matches!(
+            self.kind,
+            v1::EndKind::ClosedConnection | v1::EndKind::CollectiveDeadline | v1::EndKind::Heartbeat
+        )
+    }
+
+    /// Adds `member` to a cause of `kind`; a loss replaces an addition (the
+    /// world must re-form without the lost one whatever else happened).
+    fn merge(cause: &mut Option<End>, kind: v1::EndKind, member: &str) {
+        match cause {
+            Some(c) if c.kind == kind => {
+                if !c.members.iter().any(|m| m == member) {
+                    c.members.push(member.to_string());
+                }
+            }
+            Some(c) if c.names_losses() && kind == v1::EndKind::MemberAdded => {}
+            _ => *cause = Some(End::of(kind, &[member])),
+        }
+    }
+}
+
+/// One member of a generation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Its stable id.
+    pub member_id: String,
+    /// Its data-plane address.
+    pub address: String,
+    /// Its host.
+    pub host: String,
+    /// Its rank, once the generation runs.
+    pub rank: Option<usize>,
+    /// Whether it has left (without an error).
+    pub left: bool,
+}
+
+/// One world of an elastic run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    /// 1, 2, ...
+    pub number: i64,
+    /// Forming, running or ended.
+    pub state: GenerationState,
+    /// In join order while forming, by rank once running.
+    pub members: Vec<Member>,
+    /// The highest step a member brought when it joined.
+    pub first_step: i64,
+    /// The highest step members reported re-joining after it or leaving it.
+    pub last_step: i64,
+    /// Members named lost (by a re-joiner's cause or the watchdog): the next
+    /// generation does not wait for them.
+    pub lost: BTreeSet<String>,
+    /// While it runs: why a newer generation forms (members added or lost).
+    pub reform: Option<End>,
+    /// Why it ended.
+    pub end: Option<End>,
+    /// Unix milliseconds it started running (0: not yet).
+    pub started_ms: i64,
+    /// Unix milliseconds it ended (0: not yet).
+    pub ended_ms: i64,
+    /// How long it waits for more members once it has `min_size`, since its last join.
+    pub settle: Duration,
+    /// Its last join (or when a restarted coordinator resumed it).
+    pub last_join: Instant,
+}
+
+impl Generation {
+    fn forming(number: i64, now: Instant) -> Generation {
+        Generation {
+            number,
+            state: GenerationState::Forming,
+            members: Vec::new(),
+            first_step: 0,
+            last_step: 0,
+            lost: BTreeSet::new(),
+            reform: None,
+            end: None,
+            started_ms: 0,
+            ended_ms: 0,
+            settle: DEFAULT_SETTLE,
+            last_join: now,
+        }
+    }
+
+    /// Its member `member_id`, if it has one.
+    pub fn member(&self, member_id: &str) -> Option<&Member> {
+        self.members.iter().find(|m| m.member_id == member_id)
+    }
+
+    /// Its number of members.
+    pub fn world_size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether it has started (running or ended after running: its members have ranks).
+    pub fn has_run(&self) -> bool {
+        self.started_ms > 0 || self.members.iter().any(|m| m.rank.is_some())
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.member_id.clone()).collect()
+    }
+
+    fn finish(&mut self, end: End, now_ms: i64) {
+        self.state = GenerationState::Ended;
+        self.end = Some(end);
+        self.ended_ms = now_ms;
+    }
+
+    /// As the Generations RPC answers it.
+    pub fn to_proto(&self) -> v1::Generation {
+        v1::Generation {
+            number: self.number,
+            state: v1::GenerationState::from(self.state).into(),
+            members: self
+                .members
+                .iter()
+                .map(|m| v1::GenerationMember {
+                    member_id: m.member_id.clone(),
+                    rank: m.rank.map_or(-1, |r| r as i32),
+                    host: m.host.clone(),
+                    address: m.address.clone(),
+                })
+                .collect(),
+            world_size: if self.has_run() { self.world_size() as i32 } else { 0 },
+            first_step: self.first_step,
+            last_step: self.last_step,
+            end: self.end.as_ref().map(End::to_proto),
+            started_ms: self.started_ms,
+            ended_ms: self.ended_ms,
+        }
+    }
+}
+
+/// A join of an elastic run, checked field by field.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ElasticJoin {
+    /// The member's stable id.
+    pub member_id: String,
+    /// Its data-plane address.
+    pub address: String,
+    /// Its host.
+    pub host: String,
+    /// The fewest members a generation may start with.
+    pub min: usize,
+    /// The most members a generation takes.
+    pub max: usize,
+    /// The last generation it was part of (0: none).
+    pub after: i64,
+    /// How long a forming generation waits for more once it has `min`.
+    pub settle: Duration,
+    /// Its last applied step.
+    pub step: i64,
+    /// Why it re-forms.
+    pub cause: End,
+}
+
+/// A join, heartbeat or leave the run's generations refuse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GenerationError {
+    /// The join's sizes are not the run's.
+    #[error(
+        "member {member:?} joins run {run:?} with min_size {found_min}, max_size {found_max}, but the run takes min_size {min}, max_size {max}: every join must agree"
+    )]
+    SizesDisagree {
+        /// Run.
+        run: String,
+        /// Member.
+        member: String,
+        /// The run's sizes.
+        min: usize,
+        /// The run's sizes.
+        max: usize,
+        /// The join's sizes.
+        found_min: usize,
+        /// The join's sizes.
+        found_max: usize,
+    },
+    /// The join names a generation the run has not reached.
+    #[error(
+        "member {member:?} joins run {run:?} after_generation {after}, but the run's newest generation is {newest}"
+    )]
+    FutureGeneration {
+        /// Run.
+        run: String,
+        /// Member.
+        member: String,
+        /// What the join said.
+        after: i64,
+        /// The run's newest generation (0: none).
+        newest: i64,
+    },
+    /// Two live members claim one id.
+    #[error(
+        "member {member:?} is already in generation {generation} of run {run:?} from {address}; a join from {found} claims the same id"
+    )]
+    AlreadyIn {
+        /// Run.
+        run: String,
+        /// Member.
+        member: String,
+        /// The forming generation.
+        generation: i64,
+        /// The address it joined from.
+        address: String,
+        /// The other join's address.
+        found: String,
+    },
+    /// The forming generation has `max_size` members.
+    #[error(
+        "generation {generation} of run {run:?} is full: it has max_size {max} members, member {member:?} cannot join"
+    )]
+    Full {
+        /// Run.
+        run: String,
+        /// Member.
+        member: String,
+        /// The forming generation.
+        generation: i64,
+        /// The run's max_size.
+        max: usize,
+    },
+    /// The world re-formed without the member.
+    #[error(
+        "member {member:?} was left out of run {run:?}: generation {formed} formed without it (it was last in generation {last})"
+    )]
+    LeftOut {
+        /// Run.
+        run: String,
+        /// Member.
+        member: String,
+        /// The generation that formed without it.
+        formed: i64,
+        /// The generation it says it was last in.
+        last: i64,
+    },
+    /// A heartbeat or leave of a member the run does not have.
+    #[error("member {member:?} is in no generation of run {run:?} (expected a member that joined it)")]
+    NotAMember {
+        /// Run.
+        run: String,
+        /// Member.
+        member: String,
+    },
+}
+
+impl GenerationError {
+    /// The gRPC code it is answered with.
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            GenerationError::SizesDisagree { .. } | GenerationError::FutureGeneration { .. } => {
+                tonic::Code::InvalidArgument
+            }
+            GenerationError::AlreadyIn { .. } => tonic::Code::AlreadyExists,
+            GenerationError::Full { .. } => tonic::Code::ResourceExhausted,
+            GenerationError::LeftOut { .. } => tonic::Code::FailedPrecondition,
+            GenerationError::NotAMember { .. } => tonic::Code::NotFound,
+        }
+    }
+}
+
+/// What a heartbeat of a member answers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Beat {
+    /// The newest generation's number.
+    pub newest: i64,
+    /// Whether a generation newer than the member's forms or runs.
+    pub reform: bool,
+    /// Why, when known.
+    pub cause: Option<End>,
+}
+
+/// An elastic run: its sizes and generations, oldest first.
+#[derive(Debug)]
+pub struct Elastic {
+    /// Run.
+    pub run_id: String,
+    /// The fewest members a generation starts with.
+    pub min: usize,
+    /// The most members a generation takes.
+    pub max: usize,
+    /// Oldest first; numbered 1, 2, ... in order.
+    pub generations: Vec<Generation>,
+    /// Each member's last heartbeat (none before its first in its running
+    /// generation: only members that send heartbeats can fall silent).
+    pub beats: HashMap<String, Instant>,
+    /// Generations changed since the last [`Elastic::take_changed`].
+    changed: BTreeSet<i64>,
+}
+
+impl Elastic {
+    /// A run of no generations yet, taking `min..=max` members.
+    pub fn new(run_id: &str, min: usize, max: usize) -> Elastic {
+        Elastic {
+            run_id: run_id.to_string(),
+            min,
+            max,
+            generations: Vec::new(),
+            beats: HashMap::new(),
+            changed: BTreeSet::new(),
+        }
+    }
+
+    /// A run resumed from the store: a forming generation's settle time
+    /// counts from `now`.
+    pub fn resume(
+        run_id: &str,
+        min: usize,
+        max: usize,
+        mut generations: Vec<Generation>,
+        now: Instant,
+    ) -> Elastic {
+        for g in &mut generations {
+            g.last_join = now;
+        }
+        Elastic { generations, ..Elastic::new(run_id, min, max) }
+    }
+
+    /// The newest generation's number (0: none).
+    pub fn newest(&self) -> i64 {
+        self.generations.last().map_or(0, |g| g.number)
+    }
+
+    /// Generation `number`.
+    pub fn generation(&self, number: i64) -> Option<&Generation> {
+        usize::try_from(number - 1).ok().and_then(|i| self.generations.get(i))
+    }
+
+    fn generation_mut(&mut self, number: i64) -> Option<&mut Generation> {
+        usize::try_from(number - 1).ok().and_then(|i| self.generations.get_mut(i))
+    }
+
+    fn forming_mut(&mut self) -> Option<&mut Generation> {
+        self.generations.last_mut().filter(|g| g.state == GenerationState::Forming)
+    }
+
+    /// The forming generation, if any (always the newest).
+    pub fn forming(&self) -> Option<&Generation> {
+        self.generations.last().filter(|g| g.state == GenerationState::Forming)
+    }
+
+    /// The running generation, if any (at most one runs).
+    pub fn running(&self) -> Option<&Generation> {
+        self.generations.iter().rev().find(|g| g.state == GenerationState::Running)
+    }
+
+    /// How the run ended, if it did: its newest generation ended finished or failed.
+    pub fn outcome(&self) -> Option<RunState> {
+        let last = self.generations.last().filter(|g| g.state == GenerationState::Ended)?;
+        match last.end.as_ref().map(|e| e.kind) {
+            Some(v1::EndKind::Finished) => Some(RunState::Finished),
+            Some(v1::EndKind::Failed) => Some(RunState::Failed),
+            _ => None,
+        }
+    }
+
+    /// Why the run failed, if it did.
+    pub fn failure(&self) -> Option<&End> {
+        let end = self.generations.last()?.end.as_ref()?;
+        (end.kind == v1::EndKind::Failed).then_some(end)
+    }
+
+    /// The run's state as the runs table shows it: ended as its outcome,
+    /// running while its newest generation runs, else rendezvous.
+    pub fn run_state(&self) -> RunState {
+        match (self.outcome(), self.generations.last().map(|g| g.state)) {
+            (Some(outcome), _) => outcome,
+            (None, Some(GenerationState::Running)) => RunState::Running,
+            _ => RunState::Rendezvous,
+        }
+    }
+
+    /// The world the runs table shows: the running generation's size, else
+    /// the newest one's members so far.
+    pub fn world(&self) -> usize {
+        self.running().or(self.generations.last()).map_or(0, Generation::world_size)
+    }
+
+    /// The generations changed since the last call, to be stored.
+    pub fn take_changed(&mut self) -> Vec<&Generation> {
+        let numbers = std::mem::take(&mut self.changed);
+        numbers.into_iter().filter_map(|n| self.generation(n)).collect()
+    }
+
+    fn touch(&mut self, number: i64) {
+        self.changed.insert(number);
+    }
+
+    /// The forming generation, opened (numbered after the newest) if none is.
+    fn open_forming(&mut self, now: Instant) -> &mut Generation {
+        if self.forming().is_none() {
+            let number = self.newest() + 1;
+            self.generations.push(Generation::forming(number, now));
+            self.touch(number);
+        }
+        self.forming_mut().expect("a forming generation was just opened")
+    }
+}
+
+/// Joins.
+impl Elastic {
+    /// Admits a join to the forming generation (opened if none is); returns
+    /// its number. A member of the running generation re-joining ends it
+    /// (with the join's cause); one joining it from outside (a newcomer, or a
+    /// replacement) leaves it running, naming itself in its `reform` cause.
+    pub fn join(&mut self, j: &ElasticJoin, now: Instant, now_ms: i64) -> Result<i64, GenerationError> {
+        self.check_join(j)?;
+        if let Some(f) = self.forming()
+            && let Some(m) = f.member(&j.member_id)
+        {
+            if m.address == j.address {
+                return Ok(f.number); // a retry: idempotent
+            }
+            return Err(GenerationError::AlreadyIn {
+                run: self.run_id.clone(),
+                member: j.member_id.clone(),
+                generation: f.number,
+                address: m.address.clone(),
+                found: j.address.clone(),
+            });
+        }
+        if let Some(f) = self.forming().filter(|f| f.world_size() >= self.max) {
+            return Err(GenerationError::Full {
+                run: self.run_id.clone(),
+                member: j.member_id.clone(),
+                generation: f.number,
+                max: self.max,
+            });
+        }
+        self.record_rejoin(j);
+        self.end_or_signal_running(j, now_ms);
+        let f = self.open_forming(now);
+        f.members.push(Member {
+            member_id: j.member_id.clone(),
+            address: j.address.clone(),
+            host: j.host.clone(),
+            rank: None,
+            left: false,
+        });
+        f.first_step = f.first_step.max(j.step);
+        f.settle = j.settle;
+        f.last_join = now;
+        let number = f.number;
+        self.touch(number);
+        Ok(number)
+    }
+
+    /// The checks of a join against the run: its sizes, its
+    /// `after_generation`, and whether the world re-formed without it.
+    fn check_join(&self, j: &ElasticJoin) -> Result<(), GenerationError> {
+        if (j.min, j.max) != (self.min, self.max) {
+            return Err(GenerationError::SizesDisagree {
+                run: self.run_id.clone(),
+                member: j.member_id.clone(),
+                min: self.min,
+                max: self.max,
+                found_min: j.min,
+                found_max: j.max,
+            });
+        }
+        if j.after > self.newest() {
+            return Err(GenerationError::FutureGeneration {
+                run: self.run_id.clone(),
+                member: j.member_id.clone(),
+                after: j.after,
+                newest: self.newest(),
+            });
+        }
+        if self.forming().is_some_and(|f| f.member(&j.member_id).is_some()) || j.after == 0 {
+            return Ok(());
+        }
+        let without = self.generations.iter().find(|g| {
+            g.number > j.after && g.state != GenerationState::Forming && g.member(&j.member_id).is_none()
+        });
+        match without {
+            Some(g) => Err(GenerationError::LeftOut {
+                run: self.run_id.clone(),
+                member: j.member_id.clone(),
+                formed: g.number,
+                last: j.after,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// What a member re-joining after its generation says of it: the step it
+    /// reached, and the members its cause names lost.
+    fn record_rejoin(&mut self, j: &ElasticJoin) {
+        let Some(g) = self.generation_mut(j.after) else { return };
+        if g.state == GenerationState::Forming || g.member(&j.member_id).is_none() {
+            return;
+        }
+        g.last_step = g.last_step.max(j.step);
+        if j.cause.names_losses() {
+            g.lost.extend(j.cause.members.iter().filter(|m| **m != j.member_id).cloned());
+        }
+        let number = g.number;
+        self.touch(number);
+    }
+
+    /// The running generation, on a join to the next: ended if the joiner is
+    /// one of its members (it stopped training in it), else told that a
+    /// member was added.
+    fn end_or_signal_running(&mut self, j: &ElasticJoin, now_ms: i64) {
+        let Some(r) = self.generations.iter_mut().rev().find(|g| g.state == GenerationState::Running) else {
+            return;
+        };
+        if r.member(&j.member_id).is_some() {
+            r.last_step = r.last_step.max(j.step);
+            let end = if j.cause.kind != v1::EndKind::Unspecified {
+                j.cause.clone()
+            } else {
+                r.reform.clone().unwrap_or_else(|| End {
+                    kind: v1::EndKind::Unspecified,
+                    members: Vec::new(),
+                    detail: format!("member {:?} re-joined (after generation {})", j.member_id, j.after),
+                })
+            };
+            if end.names_losses() {
+                r.lost.extend(end.members.iter().filter(|m| **m != j.member_id).cloned());
+            }
+            r.finish(end, now_ms);
+        } else {
+            End::merge(&mut r.reform, v1::EndKind::MemberAdded, &j.member_id);
+        }
+        let number = r.number;
+        self.touch(number);
+    }
+
+    /// Withdraws `member_id` (from `address`) from forming generation
+    /// `number`, after its join timed out; returns whether it was there.
+    pub fn withdraw(&mut self, number: i64, member_id: &str, address: &str) -> bool {
+        let Some(f) = self.forming_mut().filter(|f| f.number == number) else { return false };
+        let Some(i) = f.members.iter().position(|m| m.member_id == member_id && m.address == address) else {
+            return false;
+        };
+        f.members.remove(i);
+        self.touch(number);
+        true
+    }
+
+    /// Why forming generation `number` has not closed, in words: who joined,
+    /// who of the generation before did not come, the minimum.
+    pub fn shortfall(&self, number: i64) -> String {
+        let joined = self.generation(number).map(Generation::ids).unwrap_or_default();
+        let prev = self.generation(number - 1);
+        let lost: Vec<String> =
+            prev.map(|p| p.ids().into_iter().filter(|m| !joined.contains(m)).collect()).unwrap_or_default();
+        let waiting = match prev {
+            Some(p) if p.state != GenerationState::Ended => {
+                format!("; generation {} still runs (none of its members re-joined)", p.number)
+            }
+            _ => String::new(),
+        };
+        format!(
+            "members {joined:?} joined (min_size {}, max_size {}), lost: {lost:?}{waiting}",
+            self.min, self.max
+        )
+    }
+}
+
+/// Closing.
+impl Elastic {
+    /// Closes the forming generation if the closing rule holds at `now`:
+    /// the generation before it (if any) has ended, and it has `max`
+    /// members, or at least `min` and either every member of the generation
+    /// before not named lost has joined or its settle time passed since its
+    /// last join. Generation 1 has no generation before: it waits for `max`
+    /// or the settle time. Returns whether it closed.
+    pub fn try_close(&mut self, now: Instant, now_ms: i64) -> bool {
+        let Some(f) = self.forming() else { return false };
+        let prev = self.generation(f.number - 1);
+        if prev.is_some_and(|p| p.state != GenerationState::Ended) {
+            return false;
+        }
+        let n = f.world_size();
+        let all_back = prev.is_some_and(|p| {
+            p.members.iter().all(|m| p.lost.contains(&m.member_id) || f.member(&m.member_id).is_some())
+        });
+        let settled = now.saturating_duration_since(f.last_join) >= f.settle;
+        if !(n >= self.max || (n >= self.min && (all_back || settled))) {
+            return false;
+        }
+        let old_rank = |id: &str| prev.and_then(|p| p.member(id)).and_then(|m| m.rank);
+        let mut order: Vec<(Option<usize>, Member)> =
+            f.members.iter().map(|m| (old_rank(&m.member_id), m.clone())).collect();
+        order.sort_by_key(|(old, _)| (old.is_none(), *old)); // stable: newcomers keep join order
+        let f = self.forming_mut().expect("checked above");
+        f.members = order.into_iter().map(|(_, m)| m).collect();
+        for (rank, m) in f.members.iter_mut().enumerate() {
+            m.rank = Some(rank);
+        }
+        f.state = GenerationState::Running;
+        f.started_ms = now_ms.max(1);
+        let (number, ids) = (f.number, f.ids());
+        for id in ids {
+            self.beats.remove(&id); // beats count again from the first in this generation
+        }
+        self.touch(number);
+        true
+    }
+
+    /// When the forming generation may close by its settle time, if it
+    /// waits for nothing else (the generation before has ended and it has
+    /// `min` members): the timer a waiting join sleeps until.
+    pub fn settle_deadline(&self) -> Option<Instant> {
+        let f = self.forming()?;
+        let prev_ended = self.generation(f.number - 1).is_none_or(|p| p.state == GenerationState::Ended);
+        (prev_ended && f.world_size() >= self.min).then(|| f.last_join + f.settle)
+    }
+
+    /// The world of generation `number` for its member `member_id`, once it
+    /// has closed: the member's rank and the peer table by rank.
+    pub fn world_of(&self, number: i64, member_id: &str) -> Option<(usize, Vec<v1::Peer>)> {
+        let g = self.generation(number).filter(|g| g.has_run())?;
+        let rank = g.member(member_id)?.rank?;
+        let mut per_host: HashMap<&str, i32> = HashMap::new();
+        let peers = g
+            .members
+            .iter()
+            .enumerate()
+            .map(|(rank, m)| {
+                let local = per_host.entry(m.host.as_str()).or_insert(0);
+                let peer = v1::Peer {
+                    rank: rank as i32,
+                    address: m.address.clone(),
+                    host: m.host.clone(),
+                    local_rank: *local,
+                    member_id: m.member_id.clone(),
+                };
+                *local += 1;
+                peer
+            })
+            .collect();
+        Some((rank, peers))
+    }
+}
+
+/// Heartbeats, the watchdog, leaves.
+impl Elastic {
+    /// Records a heartbeat of `member_id`, which runs in `generation`, and
+    /// answers whether a newer generation forms or runs, and why.
+    pub fn heartbeat(
+        &mut self,
+        member_id: &str,
+        generation: i64,
+        now: Instant,
+    ) -> Result<Beat, GenerationError> {
+        if !self.generations.iter().any(|g| g.member(member_id).is_some()) {
+            return Err(GenerationError::NotAMember {
+                run: self.run_id.clone(),
+                member: member_id.to_string(),
+            });
+        }
+        self.beats.insert(member_id.to_string(), now);
+        let reform =
+            self.generations.iter().any(|g| g.number > generation && g.state != GenerationState::Ended);
+        let cause = self.generation(generation).and_then(|g| g.end.clone().or_else(|| g.reform.clone()));
+        Ok(Beat { newest: self.newest(), reform, cause: if reform { cause } else { None } })
+    }
+
+    /// Names lost the members of the running generation that sent heartbeats
+    /// and then none for `timeout` (once each), and opens the next generation
+    /// so the others re-form; returns them.
+    pub fn lose_silent(&mut self, timeout: Duration, now: Instant) -> Vec<String> {
+        let Some(r) = self.generations.iter().rev().find(|g| g.state == GenerationState::Running) else {
+            return Vec::new();
+        };
+        let silent: Vec<String> = r
+            .members
+            .iter()
+            .filter(|m| !m.left && !r.lost.contains(&m.member_id))
+            .filter(|m| {
+                self.beats.get(&m.member_id).is_some_and(|at| now.saturating_duration_since(*at) >= timeout)
+            })
+            .map(|m| m.member_id.clone())
+            .collect();
+        if silent.is_empty() {
+            return silent;
+        }
+        let number = r.number;
+        let r = self.generation_mut(number).expect("found above");
+        for m in &silent {
+            r.lost.insert(m.clone());
+            End::merge(&mut r.reform, v1::EndKind::Heartbeat, m);
+        }
+        self.touch(number);
+        self.open_forming(now);
+        silent
+    }
+
+    /// A member leaves: without an error, it has left its running generation
+    /// (which ends finished once every member not named lost has left, and
+    /// the run with it); with one, the run fails (every generation not
+    /// ended ends failed). A member waiting in a forming generation is
+    /// withdrawn from it.
+    pub fn leave(
+        &mut self,
+        member_id: &str,
+        step: i64,
+        error: &str,
+        now_ms: i64,
+    ) -> Result<(), GenerationError> {
+        if !self.generations.iter().any(|g| g.member(member_id).is_some()) {
+            return Err(GenerationError::NotAMember {
+                run: self.run_id.clone(),
+                member: member_id.to_string(),
+            });
+        }
+        if !error.is_empty() {
+            let end = End {
+                kind: v1::EndKind::Failed,
+                members: vec![member_id.to_string()],
+                detail: error.to_string(),
+            };
+            self.end_all(&end, step, now_ms);
+            return Ok(());
+        }
+        if let Some(number) = self.forming().filter(|f| f.member(member_id).is_some()).map(|f| f.number) {
+            let address =
+                self.generation(number).and_then(|f| f.member(member_id)).map(|m| m.address.clone());
+            self.withdraw(number, member_id, &address.unwrap_or_default());
+        }
+        let Some(number) = self.running().filter(|r| r.member(member_id).is_some()).map(|r| r.number) else {
+            return Ok(());
+        };
+        let r = self.generation_mut(number).expect("found above");
+        r.last_step = r.last_step.max(step);
+        if let Some(m) = r.members.iter_mut().find(|m| m.member_id == member_id) {
+            m.left = true;
+        }
+        let all_left = r.members.iter().all(|m| m.left || r.lost.contains(&m.member_id));
+        self.touch(number);
+        if all_left {
+            // The run is over: a generation forming after it never runs.
+            self.end_all(&End::of(v1::EndKind::Finished, &[]), step, now_ms);
+        }
+        Ok(())
+    }
+}
+
+impl Elastic {
+    /// Ends every generation not ended yet with `end` (the run is over),
+    /// those that ran at `step` at the latest.
+    fn end_all(&mut self, end: &End, step: i64, now_ms: i64) {
+        let open: Vec<i64> =
+            self.generations.iter().filter(|g| g.state != GenerationState::Ended).map(|g| g.number).collect();
+        for number in open {
+            let g = self.generation_mut(number).expect("listed above");
+            if g.has_run() {
+                g.last_step = g.last_step.max(step);
+            }
+            g.finish(end.clone(), now_ms);
+            self.touch(number);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,250 @@
+use super::*;
+
+const SETTLE: Duration = Duration::from_millis(200);
+
+fn join(member: &str, after: i64) -> ElasticJoin {
+    ElasticJoin {
+        member_id: member.into(),
+        address: format!("{member}:1"),
+        host: "h".into(),
+        min: 2,
+        max: 3,
+        after,
+        settle: SETTLE,
+        step: 0,
+        cause: End::of(v1::EndKind::Unspecified, &[]),
+    }
+}
+
+fn rejoin(member: &str, after: i64, step: i64, cause: End) -> ElasticJoin {
+    ElasticJoin { step, cause, ..join(member, after) }
+}
+
+/// Generation 1 of `members` (2 or 3), running, ranks in join order.
+fn running(members: &[&str], t0: Instant) -> Elastic {
+    let mut run = Elastic::new("r", 2, 3);
+    for m in members {
+        assert_eq!(run.join(&join(m, 0), t0, 1), Ok(1));
+    }
+    assert!(run.try_close(t0 + SETTLE, 2), "closes at max or once settled");
+    assert_eq!(run.generation(1).unwrap().state, GenerationState::Running);
+    run
+}
+
+fn ranks(run: &Elastic, number: i64) -> Vec<(String, Option<usize>)> {
+    run.generation(number).unwrap().members.iter().map(|m| (m.member_id.clone(), m.rank)).collect()
+}
+
+#[test]
+fn a_state_reads_back_from_its_word() {
+    for s in GenerationState::ALL {
+        assert_eq!(s.as_str().parse(), Ok(s));
+    }
+    let err = "paused".parse::<GenerationState>().unwrap_err();
+    assert!(err.to_string().contains("\"paused\" is not a generation state"), "{err}");
+}
+
+#[test]
+fn generation_1_closes_at_max_at_once_and_below_max_only_once_settled() {
+    let t0 = Instant::now();
+    let mut run = Elastic::new("r", 2, 3);
+    run.join(&join("a", 0), t0, 1).unwrap();
+    assert!(!run.try_close(t0 + SETTLE * 10, 1), "below min: never");
+    assert_eq!(run.settle_deadline(), None);
+    run.join(&join("b", 0), t0, 1).unwrap();
+    assert_eq!(run.settle_deadline(), Some(t0 + SETTLE));
+    assert!(!run.try_close(t0, 1), "min, but not settled");
+    run.join(&join("c", 0), t0, 1).unwrap();
+    assert!(run.try_close(t0, 1), "max: at once");
+    assert_eq!(ranks(&run, 1), [("a".into(), Some(0)), ("b".into(), Some(1)), ("c".into(), Some(2))]);
+    assert_eq!(run.run_state(), RunState::Running);
+    let (rank, peers) = run.world_of(1, "b").unwrap();
+    assert_eq!((rank, peers.len(), peers[2].member_id.as_str()), (1, 3, "c"));
+    assert_eq!(peers.iter().map(|p| p.local_rank).collect::<Vec<_>>(), [0, 1, 2]);
+}
+
+#[test]
+fn a_retry_is_idempotent_and_another_address_for_one_id_is_refused() {
+    let t0 = Instant::now();
+    let mut run = Elastic::new("r", 2, 3);
+    assert_eq!(run.join(&join("a", 0), t0, 1), Ok(1));
+    assert_eq!(run.join(&join("a", 0), t0, 1), Ok(1));
+    assert_eq!(run.generation(1).unwrap().world_size(), 1);
+    let other = ElasticJoin { address: "elsewhere:2".into(), ..join("a", 0) };
+    let err = run.join(&other, t0, 1).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::AlreadyExists);
+    assert!(err.to_string().contains("already in generation 1 of run \"r\" from a:1"), "{err}");
+}
+
+#[test]
+fn a_full_forming_generation_and_disagreeing_sizes_are_refused() {
+    let t0 = Instant::now();
+    let mut run = Elastic::new("r", 2, 3);
+    for m in ["a", "b", "c"] {
+        run.join(&join(m, 0), t0, 1).unwrap();
+    }
+    let err = run.join(&join("d", 0), t0, 1).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+    assert!(err.to_string().contains("max_size 3"), "{err}");
+    let err = run.join(&ElasticJoin { min: 1, ..join("d", 0) }, t0, 1).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.to_string().contains("min_size 1, max_size 3") && err.to_string().contains("min_size 2"),
+        "{err}"
+    );
+    let err = run.join(&join("d", 4), t0, 1).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.to_string().contains("after_generation 4"), "{err}");
+}
+
+#[test]
+fn survivors_re_form_at_once_when_every_member_not_lost_is_back() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b", "c"], t0);
+    let lost = End { detail: "peer closed".into(), ..End::of(v1::EndKind::ClosedConnection, &["b"]) };
+    assert_eq!(run.join(&rejoin("c", 1, 7, lost.clone()), t0, 5), Ok(2));
+    let g1 = run.generation(1).unwrap();
+    assert_eq!((g1.state, g1.end.as_ref(), g1.ended_ms), (GenerationState::Ended, Some(&lost), 5));
+    assert!(g1.lost.contains("b"));
+    assert!(!run.try_close(t0, 6), "one of min 2");
+    assert_eq!(run.join(&rejoin("a", 1, 8, lost), t0, 6), Ok(2));
+    assert!(run.try_close(t0, 7), "a and c are back; b was named lost");
+    assert_eq!(ranks(&run, 2), [("a".into(), Some(0)), ("c".into(), Some(1))], "by their old ranks");
+    assert_eq!(run.generation(1).unwrap().last_step, 8);
+    assert_eq!(run.generation(2).unwrap().first_step, 8);
+    assert_eq!(run.run_state(), RunState::Running);
+    // Generation 1 changed, then 2 was opened and closed: both to store.
+    let changed: Vec<i64> = run.take_changed().iter().map(|g| g.number).collect();
+    assert_eq!(changed, [1, 2]);
+    assert!(run.take_changed().is_empty());
+}
+
+#[test]
+fn without_a_loss_named_the_forming_generation_waits_for_the_settle_time() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b", "c"], t0);
+    let deadline = End::of(v1::EndKind::CollectiveDeadline, &[]);
+    let t1 = t0 + Duration::from_secs(1);
+    run.join(&rejoin("a", 1, 3, deadline.clone()), t1, 5).unwrap();
+    run.join(&rejoin("c", 1, 3, deadline), t1, 5).unwrap();
+    assert!(!run.try_close(t1, 6), "b may still come");
+    assert_eq!(run.settle_deadline(), Some(t1 + SETTLE));
+    assert!(run.try_close(t1 + SETTLE, 6));
+    assert_eq!(ranks(&run, 2), [("a".into(), Some(0)), ("c".into(), Some(1))]);
+}
+
+#[test]
+fn a_newcomer_waits_for_the_running_generation_whose_members_are_told_to_re_form() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b"], t0);
+    assert_eq!(run.join(&join("n", 0), t0, 3), Ok(2));
+    assert!(!run.try_close(t0 + SETTLE * 10, 3), "generation 1 still runs");
+    assert_eq!(run.settle_deadline(), None);
+    let beat = run.heartbeat("a", 1, t0).unwrap();
+    assert_eq!(
+        beat,
+        Beat { newest: 2, reform: true, cause: Some(End::of(v1::EndKind::MemberAdded, &["n"])) }
+    );
+    let added = End::of(v1::EndKind::MemberAdded, &["n"]);
+    run.join(&rejoin("b", 1, 4, added.clone()), t0, 4).unwrap();
+    assert!(!run.try_close(t0, 4), "a is not back");
+    run.join(&rejoin("a", 1, 4, added.clone()), t0, 4).unwrap();
+    assert!(run.try_close(t0, 5));
+    assert_eq!(ranks(&run, 2), [("a".into(), Some(0)), ("b".into(), Some(1)), ("n".into(), Some(2))]);
+    assert_eq!(run.generation(1).unwrap().end, Some(added));
+    let beat = run.heartbeat("a", 2, t0).unwrap();
+    assert_eq!(beat, Beat { newest: 2, reform: false, cause: None });
+}
+
+#[test]
+fn a_member_the_world_re_formed_without_was_left_out() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b", "c"], t0);
+    let lost = End::of(v1::EndKind::ClosedConnection, &["c"]);
+    run.join(&rejoin("a", 1, 1, lost.clone()), t0, 2).unwrap();
+    run.join(&rejoin("b", 1, 1, lost), t0, 2).unwrap();
+    assert!(run.try_close(t0, 3));
+    let err = run.join(&rejoin("c", 1, 1, End::of(v1::EndKind::Unspecified, &[])), t0, 4).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        err.to_string(),
+        "member \"c\" was left out of run \"r\": generation 2 formed without it (it was last in generation 1)"
+    );
+    // As a new member (after_generation 0) it is a newcomer of generation 3.
+    assert_eq!(run.join(&join("c", 0), t0, 5), Ok(3));
+}
+
+#[test]
+fn a_withdrawn_join_gives_its_place_back_and_the_shortfall_names_the_lost() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b", "c"], t0);
+    run.join(&rejoin("a", 1, 1, End::of(v1::EndKind::CollectiveDeadline, &[])), t0, 2).unwrap();
+    let why = run.shortfall(2);
+    assert!(why.contains("[\"a\"] joined (min_size 2") && why.contains("lost: [\"b\", \"c\"]"), "{why}");
+    assert!(!run.withdraw(2, "a", "other:1"), "another address's join is not this one");
+    assert!(run.withdraw(2, "a", "a:1"));
+    assert_eq!(run.forming().unwrap().world_size(), 0);
+}
+
+#[test]
+fn a_silent_member_is_named_lost_once_and_the_others_re_form() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b", "c"], t0);
+    let timeout = Duration::from_secs(1);
+    for m in ["a", "b", "c"] {
+        run.heartbeat(m, 1, t0).unwrap();
+    }
+    let later = t0 + timeout;
+    run.heartbeat("a", 1, later).unwrap();
+    run.heartbeat("c", 1, later).unwrap();
+    assert_eq!(run.lose_silent(timeout, later), ["b"]);
+    assert!(run.lose_silent(timeout, later).is_empty(), "once");
+    assert_eq!(run.run_state(), RunState::Rendezvous, "generation 2 forms");
+    let beat = run.heartbeat("a", 1, later).unwrap();
+    assert_eq!(beat, Beat { newest: 2, reform: true, cause: Some(End::of(v1::EndKind::Heartbeat, &["b"])) });
+    let cause = beat.cause.unwrap();
+    run.join(&rejoin("a", 1, 9, cause.clone()), later, 3).unwrap();
+    run.join(&rejoin("c", 1, 9, cause), later, 3).unwrap();
+    assert!(run.try_close(later, 4), "b was named lost");
+    assert_eq!(run.generation(2).unwrap().world_size(), 2);
+}
+
+#[test]
+fn leaving_finishes_the_run_once_every_member_left_and_an_error_fails_it() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b"], t0);
+    run.leave("a", 10, "", 5).unwrap();
+    assert_eq!(run.outcome(), None);
+    run.leave("b", 12, "", 6).unwrap();
+    assert_eq!(run.outcome(), Some(RunState::Finished));
+    let g1 = run.generation(1).unwrap();
+    assert_eq!(
+        (g1.last_step, g1.ended_ms, g1.end.as_ref().map(|e| e.kind)),
+        (12, 6, Some(v1::EndKind::Finished))
+    );
+
+    let mut run = running(&["a", "b"], t0);
+    run.join(&join("n", 0), t0, 3).unwrap();
+    run.leave("b", 4, "out of memory", 7).unwrap();
+    assert_eq!(run.outcome(), Some(RunState::Failed));
+    for g in &run.generations {
+        assert_eq!(g.state, GenerationState::Ended, "generation {}", g.number);
+        assert_eq!(g.end.as_ref().unwrap().detail, "out of memory");
+    }
+    let err = run.leave("z", 1, "", 8).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert!(err.to_string().contains("member \"z\" is in no generation of run \"r\""), "{err}");
+}
+
+#[test]
+fn a_resumed_forming_generation_settles_from_the_resume() {
+    let t0 = Instant::now();
+    let mut run = Elastic::new("r", 2, 3);
+    run.join(&join("a", 0), t0, 1).unwrap();
+    run.join(&join("b", 0), t0, 1).unwrap();
+    let t1 = t0 + Duration::from_secs(60);
+    let mut resumed = Elastic::resume("r", 2, 3, run.generations.clone(), t1);
+    assert_eq!(resumed.join(&join("a", 0), t1, 2), Ok(1), "a retry after the restart");
+    assert!(!resumed.try_close(t1, 2));
+    assert!(resumed.try_close(t1 + SETTLE, 2));
+}
