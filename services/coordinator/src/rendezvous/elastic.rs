@@ -5,6 +5,7 @@
 //! plus a timer for the forming generation's settle time.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drove_proto::v1::{HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest};
@@ -22,6 +23,31 @@ pub(super) struct ElasticRun {
     pub(super) gens: Elastic,
     changed: watch::Sender<u64>,
     pub(super) keys: Keys,
+    /// Join calls waiting, per member: a timed-out join withdraws its member
+    /// only if no other call of it (a client's retry) still waits.
+    waiting: HashMap<String, usize>,
+}
+
+/// One join call waiting for its generation; counted in its run's
+/// `waiting` until dropped (answered, timed out, or cancelled by the client).
+struct Waiting {
+    runs: Arc<Mutex<Runs>>,
+    run_id: String,
+    member_id: String,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(run) = runs.elastic.get_mut(&self.run_id)
+            && let Some(n) = run.waiting.get_mut(&self.member_id)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                run.waiting.remove(&self.member_id);
+            }
+        }
+    }
 }
 
 impl ElasticRun {
@@ -30,6 +56,7 @@ impl ElasticRun {
             gens: Elastic::new(run_id, min, max),
             changed: watch::channel(0).0,
             keys: Keys::default(),
+            waiting: HashMap::new(),
         }
     }
 
@@ -107,6 +134,8 @@ impl RendezvousService {
     ) -> Result<Response<JoinResponse>, Status> {
         let j = check_elastic(req)?;
         let (number, changed) = self.admit_elastic(req, &j)?;
+        let _waiting =
+            Waiting { runs: self.runs.clone(), run_id: req.run_id.clone(), member_id: j.member_id.clone() };
         self.wait_for_generation(req, number, changed, timeout).await
     }
 
@@ -156,6 +185,7 @@ impl RendezvousService {
         if req.restart_count > 0 {
             self.store.record_restarts(&req.run_id, req.restart_count).map_err(internal)?;
         }
+        *run.waiting.entry(j.member_id.clone()).or_default() += 1;
         tracing::info!(run = %req.run_id, member = %j.member_id, generation = number, "member joined");
         Ok((number, run.changed.subscribe()))
     }
@@ -253,7 +283,8 @@ impl RendezvousService {
             return Status::aborted(format!("run {:?} was reset while waiting", req.run_id));
         };
         let shortfall = run.gens.shortfall(number);
-        if run.gens.withdraw(number, &req.member_id, &req.address) {
+        let others_wait = run.waiting.get(&req.member_id).is_some_and(|&n| n > 1);
+        if !others_wait && run.gens.withdraw(number, &req.member_id, &req.address) {
             let _ = self.persist_elastic(run);
         }
         Status::deadline_exceeded(format!(
