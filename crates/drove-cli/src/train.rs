@@ -14,11 +14,11 @@ use std::time::Instant;
 use anyhow::{Context, anyhow};
 use burn::backend::{Autodiff, Flex};
 use clap::Args;
-use drove_comm::SingleProcess;
+use drove_comm::{Collective, Elastic, ElasticComm, SingleProcess, WorldRange};
 use drove_launch::{LaunchEnv, Progress, ProgressMode, Start};
 use drove_ner::{
-    DiagnoseReport, EvalReport, MetricsObserver, NerError, NerOptions, NerSummary, Observer, StepReport,
-    train_ner,
+    DiagnoseReport, EvalReport, MetricsObserver, NerError, NerOptions, NerSummary, Observer, ReformReport,
+    StepReport, train_ner, train_ner_elastic,
 };
 use drove_train::Placement;
 use drove_train::gpu::DeviceChoice;
@@ -64,6 +64,13 @@ pub struct NerArgs {
     /// The rank that --fail-at-step kills.
     #[arg(long, value_name = "R", default_value_t = 0, hide = true, requires = "fail_at_step")]
     rank_to_fail: usize,
+    /// An elastic run of MIN to MAX ranks (torchrun's --nnodes MIN:MAX; N
+    /// for N:N): a lost rank ends its world, not the run; the others keep
+    /// their state in memory and go on in the next world, which ranks
+    /// joining later enter at a step boundary. Needs a coordinator
+    /// (DROVE_COORDINATOR) and --bucket-window 0 [env: DROVE_ELASTIC].
+    #[arg(long, value_name = "MIN:MAX")]
+    world: Option<WorldRange>,
 }
 
 impl NerArgs {
@@ -169,8 +176,54 @@ impl Observer for Reporter {
         self.warn_undelivered();
     }
 
+    fn reformed(&mut self, r: &ReformReport) {
+        if let Some(m) = &mut self.metrics {
+            m.reformed(r);
+        }
+    }
+
     fn note(&mut self, message: &str) {
         self.progress.note(message);
+    }
+}
+
+/// The ranks a run trains among: a fixed world, or an elastic run's
+/// changing worlds.
+enum Ranks {
+    Fixed(Box<dyn Collective>),
+    Elastic(ElasticComm),
+}
+
+impl Ranks {
+    fn collective(&self) -> &dyn Collective {
+        match self {
+            Ranks::Fixed(comm) => comm.as_ref(),
+            Ranks::Elastic(comm) => comm,
+        }
+    }
+
+    /// Trains on these ranks, on `gpu` if one was opened.
+    fn train(
+        &self,
+        opts: &NerOptions,
+        gpu: Option<&gpu::Gpu>,
+        reporter: &mut Reporter,
+    ) -> Result<NerSummary, NerError> {
+        match (self, gpu) {
+            (Ranks::Fixed(comm), None) => {
+                train_ner::<Backend>(opts, comm.as_ref(), reporter, &Default::default())
+            }
+            (Ranks::Fixed(comm), Some(gpu)) => gpu.train_ner(opts, comm.as_ref(), reporter),
+            (Ranks::Elastic(comm), _) => {
+                let summary = train_ner_elastic::<Backend>(opts, comm, reporter, &Default::default());
+                let error = summary.as_ref().err().map(ToString::to_string);
+                let steps = summary.as_ref().map_or(0, |s| s.steps);
+                if let Err(e) = comm.leave(steps, error.as_deref()) {
+                    reporter.progress.say(&format!("warning: leaving the elastic run: {e}"));
+                }
+                summary
+            }
+        }
     }
 }
 
@@ -348,7 +401,14 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     }
     // Before joining the other ranks: a missing GPU fails at once.
     let gpu = gpu::open(args.device)?;
-    let comm = launch.communicator()?;
+    let ranks = match args.world.or(launch.elastic) {
+        Some(_) if gpu.is_some() => {
+            return Err(anyhow!("an elastic run (--world) trains on the CPU only for now: drop --device"));
+        }
+        Some(range) => Ranks::Elastic(launch.elastic(Some(range))?),
+        None => Ranks::Fixed(launch.communicator()?),
+    };
+    let comm = ranks.collective();
     let rank = comm.rank();
     // The diversity alarm is on by default wherever it can go off.
     if args.diagnose_every.is_none() && opts.augment_mask > 0.0 && comm.world_size() > 1 {
@@ -370,10 +430,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     if rank == 0 {
         record_options(&reporter, &opts, comm.world_size(), restart);
     }
-    let summary = match &gpu {
-        None => train_ner::<Backend>(&opts, comm.as_ref(), &mut reporter, &Default::default()),
-        Some(gpu) => gpu.train_ner(&opts, comm.as_ref(), &mut reporter),
-    };
+    let summary = ranks.train(&opts, gpu.as_ref(), &mut reporter);
     let summary = match summary {
         Ok(s) => s,
         Err(e @ NerError::IdenticalMasks { .. }) => {

@@ -105,9 +105,16 @@ impl CoordinatorRendezvous {
         let var = |name: &str| std::env::var(name).map_err(|_| rendezvous_err(format!("{name} is not set")));
         let addr = var("DROVE_COORDINATOR")?;
         let run_id = var("DROVE_RUN_ID")?;
-        let request = crate::rendezvous::launch_env()?;
-        let token = std::env::var("DROVE_TOKEN").ok();
-        let mut rv = Self::new(&addr, &run_id, request, token.as_deref())?;
+        Self::from_env_with(&addr, &run_id, crate::rendezvous::launch_env()?)
+    }
+
+    /// [`from_env`](Self::from_env) with the coordinator, run and place
+    /// given (an elastic member's come from each generation), the rest
+    /// (`DROVE_TOKEN`, `DROVE_BIND`, `DROVE_HEARTBEAT_SECS`,
+    /// `DROVE_RESTART_COUNT`) from the environment.
+    pub fn from_env_with(addr: &str, run_id: &str, request: RankRequest) -> Result<Self, CommError> {
+        let token = std::env::var("DROVE_TOKEN").ok().filter(|t| !t.is_empty());
+        let mut rv = Self::new(addr, run_id, request, token.as_deref())?;
         if let Ok(v) = std::env::var("DROVE_HEARTBEAT_SECS") {
             let secs: f64 = v.trim().parse().map_err(|_| {
                 rendezvous_err(format!("DROVE_HEARTBEAT_SECS={v:?} is not a number of seconds"))

@@ -194,6 +194,9 @@ pub trait Elastic: Collective {
     /// The world this member is in now.
     fn world(&self) -> World;
 
+    /// The sizes this run's worlds may have.
+    fn range(&self) -> WorldRange;
+
     /// Whether the world should re-form at this step boundary because a
     /// member asked to join (or the coordinator saw one lost): every rank
     /// calls this at the same steps and all get the same answer (one small

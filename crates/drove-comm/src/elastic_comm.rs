@@ -91,11 +91,6 @@ impl ElasticComm {
         &self.member
     }
 
-    /// The sizes this run's worlds may have.
-    pub fn range(&self) -> WorldRange {
-        self.range
-    }
-
     fn lock_world(&self) -> MutexGuard<'_, World> {
         self.world.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -139,6 +134,10 @@ impl ElasticComm {
 impl Elastic for ElasticComm {
     fn world(&self) -> World {
         self.lock_world().clone()
+    }
+
+    fn range(&self) -> WorldRange {
+        self.range
     }
 
     fn reform_wanted(&self) -> Result<bool, CommError> {

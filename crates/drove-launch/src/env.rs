@@ -7,8 +7,9 @@
 //! contract allows it (a process started by hand is a world of one).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use drove_comm::{Rank, RankRequest, WorldSize};
+use drove_comm::{Rank, RankRequest, WorldRange, WorldSize};
 
 use crate::error::EnvError;
 use crate::progress::ProgressMode;
@@ -43,6 +44,15 @@ pub mod var {
     pub const PEERS_FILE: &str = "DROVE_PEERS_FILE";
     /// Where to write the run's timeline (Chrome trace-event JSON).
     pub const TIMELINE: &str = "DROVE_TIMELINE";
+    /// An elastic run's world sizes, `MIN:MAX` (set by `drove run --min-np`,
+    /// or by hand; `drove train ner --world` overrides it).
+    pub const ELASTIC: &str = "DROVE_ELASTIC";
+    /// An elastic member's stable id (default: the Indexed Job's index, the
+    /// launcher's slot, or host and process id).
+    pub const MEMBER_ID: &str = "DROVE_MEMBER_ID";
+    /// How long a forming elastic world waits for more members after its
+    /// minimum, in seconds (default 2).
+    pub const SETTLE_SECS: &str = "DROVE_SETTLE_SECS";
 }
 
 /// How the ranks find each other.
@@ -83,6 +93,14 @@ pub struct LaunchEnv {
     pub timeline: Option<PathBuf>,
     /// How the ranks find each other.
     pub rendezvous: RendezvousKind,
+    /// `DROVE_ELASTIC`: the world sizes of an elastic run, if it is one.
+    pub elastic: Option<WorldRange>,
+    /// `DROVE_MEMBER_ID`, if set.
+    pub member_id: Option<String>,
+    /// `JOB_COMPLETION_INDEX` (a Kubernetes Indexed Job's pod index), if set.
+    pub job_index: Option<usize>,
+    /// `DROVE_SETTLE_SECS`, if set.
+    pub settle: Option<Duration>,
 }
 
 impl LaunchEnv {
@@ -96,8 +114,11 @@ impl LaunchEnv {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
         let read = Reader(&lookup);
         let rendezvous = read.rendezvous();
+        let elastic = read.elastic()?;
         let place = match (rendezvous, read.text(var::WORLD_SIZE)) {
             (RendezvousKind::Alone, None) => None,
+            // An elastic member's rank and world come from each generation.
+            (_, None) if elastic.is_some() => None,
             _ => Some(drove_comm::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?),
         };
         Ok(LaunchEnv {
@@ -111,6 +132,10 @@ impl LaunchEnv {
             progress: read.progress()?,
             timeline: read.text(var::TIMELINE).map(PathBuf::from),
             rendezvous,
+            elastic,
+            member_id: read.text(var::MEMBER_ID),
+            job_index: read.number(var::JOB_COMPLETION_INDEX)?,
+            settle: read.seconds(var::SETTLE_SECS)?,
         })
     }
 
@@ -152,6 +177,31 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
                     value: v,
                     expected: "a whole number",
                 })
+            })
+            .transpose()
+    }
+
+    fn elastic(&self) -> Result<Option<WorldRange>, EnvError> {
+        self.text(var::ELASTIC)
+            .map(|v| {
+                v.parse().map_err(|_| EnvError::Malformed {
+                    var: var::ELASTIC,
+                    value: v,
+                    expected: "MIN:MAX world sizes with 1 <= MIN <= MAX",
+                })
+            })
+            .transpose()
+    }
+
+    fn seconds(&self, name: &'static str) -> Result<Option<Duration>, EnvError> {
+        self.text(name)
+            .map(|v| match v.trim().parse::<f64>() {
+                Ok(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
+                _ => Err(EnvError::Malformed {
+                    var: name,
+                    value: v,
+                    expected: "a number of seconds (at least 0)",
+                }),
             })
             .transpose()
     }
@@ -255,6 +305,20 @@ mod tests {
             ],
             "disagree",
         );
+    }
+
+    #[test]
+    fn an_elastic_member_needs_no_world_size_and_its_settings_are_checked() {
+        let e = env(&[(var::COORDINATOR, "c:1"), (var::ELASTIC, "3:4"), (var::MEMBER_ID, "pod-2")]).unwrap();
+        assert_eq!(e.elastic, Some(WorldRange::new(3, 4).unwrap()));
+        assert_eq!((e.place, e.member_id.as_deref()), (None, Some("pod-2")));
+        let bad = |vars: &[(&str, &str)], name: &str| {
+            let e = env(vars).unwrap_err().to_string();
+            assert!(e.contains(name), "{e}");
+        };
+        bad(&[(var::COORDINATOR, "c:1"), (var::ELASTIC, "4:3")], "DROVE_ELASTIC=\"4:3\"");
+        bad(&[(var::COORDINATOR, "c:1"), (var::ELASTIC, "0:3")], "DROVE_ELASTIC=\"0:3\"");
+        bad(&[(var::ELASTIC, "2"), (var::SETTLE_SECS, "-1")], "DROVE_SETTLE_SECS=\"-1\"");
     }
 
     #[test]

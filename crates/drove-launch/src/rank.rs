@@ -9,10 +9,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drove_comm::{Collective, Communicator, SingleProcess};
+use drove_comm::{
+    Collective, CommOptions, Communicator, CoordinatorRendezvous, DEFAULT_SETTLE, ElasticComm, MemberId,
+    Membership, RankRequest, SingleProcess, WorldRange,
+};
 use drove_metrics::{Delivery, MetricsRecorder, RecorderOptions};
 
-use crate::env::{LaunchEnv, RendezvousKind};
+use crate::env::{LaunchEnv, RendezvousKind, var};
 use crate::error::LaunchError;
 use crate::progress::{Progress, ProgressMode};
 
@@ -37,6 +40,50 @@ impl LaunchEnv {
             RendezvousKind::Alone => Box::new(SingleProcess),
             _ => Box::new(Communicator::from_env()?),
         })
+    }
+
+    /// This process as a member of an elastic run of `range` world sizes
+    /// (`DROVE_ELASTIC`, unless given), joined through the coordinator
+    /// (`DROVE_COORDINATOR`, required), as member `DROVE_MEMBER_ID` (else the
+    /// Indexed Job's index, else the launcher's slot `DROVE_RANK`, else the
+    /// host and process id), its worlds settling for `DROVE_SETTLE_SECS`.
+    pub fn elastic(&self, range: Option<WorldRange>) -> Result<ElasticComm, LaunchError> {
+        let range = range.or(self.elastic).ok_or_else(|| {
+            LaunchError::Spec(format!(
+                "an elastic run needs its world sizes: --world MIN:MAX or {}",
+                var::ELASTIC
+            ))
+        })?;
+        let Some(addr) = &self.coordinator else {
+            return Err(LaunchError::Spec(format!(
+                "an elastic run forms its worlds through a coordinator: set {} (drove run sets it)",
+                var::COORDINATOR
+            )));
+        };
+        let run_id = self.run_id.as_deref().unwrap_or(DEFAULT_RUN_ID);
+        let request = RankRequest::Any(range.max());
+        let rendezvous = CoordinatorRendezvous::from_env_with(addr, run_id, request)?;
+        let membership = Membership {
+            member: MemberId::new(self.member())?,
+            range,
+            settle: self.settle.unwrap_or(DEFAULT_SETTLE),
+        };
+        Ok(ElasticComm::join(rendezvous, membership, CommOptions::from_env()?)?)
+    }
+
+    /// This process's member id in an elastic run.
+    pub fn member(&self) -> String {
+        if let Some(id) = &self.member_id {
+            return id.clone();
+        }
+        match (self.job_index, self.rank()) {
+            (Some(index), _) => format!("index-{index}"),
+            (None, Some(rank)) => format!("slot-{rank}"),
+            (None, None) => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                format!("{}-{}", host.trim(), std::process::id())
+            }
+        }
     }
 
     /// A metrics recorder for `rank` to the coordinator (`DROVE_METRICS_*`

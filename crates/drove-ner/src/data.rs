@@ -105,12 +105,14 @@ impl drove_train::Rows for BatchRows<'_> {
     }
 }
 
-/// This rank's shard, masked from its own streams.
+/// This rank's shard of each epoch's order from position `start` on,
+/// masked from its own streams.
 pub(crate) fn training_loader(
     opts: &NerOptions,
     data: &NerData,
     rank: usize,
     world: usize,
+    start: usize,
 ) -> Result<Loader, NerError> {
     let special = data.tokenizer.special();
     let masker = if opts.augment_mask > 0.0 {
@@ -134,7 +136,8 @@ pub(crate) fn training_loader(
     );
     let train: Arc<[Example]> = data.train.clone().into();
     let sampler = DistributedSampler::new(train.len(), world, rank, opts.seed)
-        .map_err(|e| NerError::Options(e.to_string()))?;
+        .map_err(|e| NerError::Options(e.to_string()))?
+        .starting_at(start);
     Ok(Loader::new(
         train,
         sampler,

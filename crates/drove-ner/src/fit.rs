@@ -1,5 +1,6 @@
 //! The fit loop: [`train_ner`] sets a run up, and [`Fit`] is one rank's run as
-//! it goes (its steps, the epochs' ends, the checkpoints, a resume).
+//! it goes (its steps, the epochs' ends, the checkpoints, a resume); an
+//! elastic run's re-forms are in `fit/elastic.rs`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -9,7 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 use drove_bert::BertForTokenClassification;
 use drove_collate::diag::Verdict;
 use drove_collate::{Batch, Loader};
-use drove_comm::{Collective, Element, ReduceOptions};
+use drove_comm::{Collective, Elastic, Element, ReduceOptions};
 use drove_seed::StreamKey;
 use drove_train::Replica;
 use drove_train::checkpoint::{self, LoopState};
@@ -22,7 +23,10 @@ use crate::eval::evaluate;
 use crate::model::{load_encoder, loss};
 use crate::options::{check_options, replica_options};
 use crate::summary::Totals;
+use crate::trace::{SampleTrace, TraceLine, mask_hash};
 use crate::{EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport};
+
+mod elastic;
 
 /// Fine-tunes on `comm`'s ranks. Every rank calls this with the same options.
 ///
@@ -48,6 +52,46 @@ pub fn train_ner_with<B: AutodiffBackend>(
     device: &B::Device,
     reducer: Option<Box<dyn BucketAllReduce<B::InnerBackend>>>,
 ) -> Result<NerSummary, NerError> {
+    fit_ner::<B>(opts, comm, None, observer, device, reducer)
+}
+
+/// [`train_ner`] in an elastic run: when a member is lost (or one asks to
+/// join) the world re-forms, every member keeps its model, optimizer state
+/// and data in memory, takes the state of the most advanced member
+/// ([`Replica::resync`]) and goes on with the rest of the epoch shared over
+/// the new world; only the step whose all-reduce failed is redone.
+///
+/// The per-rank batch stays, so the global batch follows the world size, and
+/// the learning rate follows it by `opts.lr_scaling` (`--lr-scaling none`
+/// keeps it fixed). The schedule's length is counted at the smallest world
+/// the run allows, so it never runs out early; a world above it ends the run
+/// before the rate has decayed to zero. Length bucketing is refused: it
+/// reorders a rank's batches, and an elastic run's progress must be a
+/// prefix of the epoch's order.
+pub fn train_ner_elastic<B: AutodiffBackend>(
+    opts: &NerOptions,
+    comm: &dyn Elastic,
+    observer: &mut dyn Observer,
+    device: &B::Device,
+) -> Result<NerSummary, NerError> {
+    if opts.bucket_window > 0 {
+        return Err(NerError::Options(format!(
+            "an elastic run needs --bucket-window 0 (found {}): length bucketing reorders a rank's batches, \
+             so the samples applied would not be a prefix of the epoch's order to re-shard from",
+            opts.bucket_window
+        )));
+    }
+    fit_ner::<B>(opts, comm, Some(comm), observer, device, None)
+}
+
+fn fit_ner<B: AutodiffBackend>(
+    opts: &NerOptions,
+    comm: &dyn Collective,
+    elastic: Option<&dyn Elastic>,
+    observer: &mut dyn Observer,
+    device: &B::Device,
+    reducer: Option<Box<dyn BucketAllReduce<B::InnerBackend>>>,
+) -> Result<NerSummary, NerError> {
     let (rank, world) = (comm.rank(), comm.world_size());
     check_options(opts)?;
     let data = NerData::load(opts)?;
@@ -59,14 +103,23 @@ pub fn train_ner_with<B: AutodiffBackend>(
     ));
     let model = load_encoder::<B>(opts, data.labels.len(), device)?;
     let layers = model.bert.layers.len();
-    let loader = training_loader(opts, &data, rank, world)?;
+    let loader = training_loader(opts, &data, rank, world, 0)?;
     let steps_per_epoch = loader.plan(0).len();
-    let total_steps = (steps_per_epoch * opts.epochs) as u64;
+    // An elastic run's schedule spans the most steps it may take: at its smallest world.
+    let total_steps = match elastic {
+        None => (steps_per_epoch * opts.epochs) as u64,
+        Some(e) => (data.train.len().div_ceil(e.range().min().get() * opts.batch_size) * opts.epochs) as u64,
+    };
     let timeline = if opts.timeline.is_some() { Timeline::on() } else { Timeline::off() };
     let traced = Traced { inner: comm, timeline: &timeline };
     let comm: &dyn Collective = if timeline.is_on() { &traced } else { comm };
-    let mut replica =
-        Replica::new(model, comm, replica_options(opts, total_steps), device)?.with_timeline(&timeline);
+    let options = replica_options(opts, total_steps);
+    let mut replica = match elastic {
+        // Members may be joining a world that trains: one resync brings all to one state.
+        Some(_) => Replica::joining(model, comm, options, device)?,
+        None => Replica::new(model, comm, options, device)?,
+    }
+    .with_timeline(&timeline);
     if let Some(reducer) = reducer {
         replica = replica.with_bucket_all_reduce(reducer)?;
     }
@@ -86,12 +139,25 @@ pub fn train_ner_with<B: AutodiffBackend>(
         totals: Totals::new(world, opts.augment_mask),
         last_checkpoint: None,
         timeline: &timeline,
+        elastic,
+        trace: opts.trace_samples.as_deref().map(SampleTrace::open).transpose()?,
+        loader_start: 0,
     };
     if opts.resume {
         fit.resume()?;
     }
-    fit.observer.started(fit.state.global_step, total_steps);
-    fit.run(&loader)?;
+    match elastic {
+        Some(elastic) => {
+            drop(loader);
+            fit.join_world(elastic)?;
+            fit.observer.started(fit.state.global_step, total_steps);
+            fit.run_elastic(elastic)?;
+        }
+        None => {
+            fit.observer.started(fit.state.global_step, total_steps);
+            fit.run(&loader)?;
+        }
+    }
     let summary = fit.totals.summary(world, fit.state.global_step, fit.evaluations, fit.last_checkpoint);
     write_outputs(opts, comm, &timeline, &summary)?;
     Ok(summary)
@@ -101,6 +167,7 @@ pub fn train_ner_with<B: AutodiffBackend>(
 /// checkpoint resumed from must share).
 fn fresh_state(opts: &NerOptions, world: usize, train_sentences: usize) -> LoopState {
     LoopState {
+        position: 0,
         epoch: 0,
         batch: 0,
         global_step: 0,
@@ -155,6 +222,12 @@ struct Fit<'a, 'c, B: AutodiffBackend> {
     last_checkpoint: Option<PathBuf>,
     /// Where the loop's phases are recorded (off unless asked for).
     timeline: &'a Timeline,
+    /// The elastic run's membership, when the run is elastic.
+    elastic: Option<&'a dyn Elastic>,
+    /// `--trace-samples`.
+    trace: Option<SampleTrace>,
+    /// The position of the epoch's order the current loader starts at.
+    loader_start: usize,
 }
 
 impl<B: AutodiffBackend> Fit<'_, '_, B> {
@@ -253,6 +326,9 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
         let outcome = self.replica.apply()?;
         self.state.global_step = step;
         self.state.batch = b + 1;
+        let applied = self.loader_start + (b + 1) * world * opts.batch_size;
+        self.state.position = applied.min(self.data.train.len());
+        self.trace_step(b, batch)?;
 
         let dt = t0.elapsed().as_secs_f64();
         self.totals.add(dt, (batch.batch_size * world) as u64, counts[1] as u64);
@@ -267,6 +343,8 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             sentences_per_s: (batch.batch_size * world) as f64 / dt,
             tokens_per_s: counts[1] / dt,
             phases: outcome.times,
+            world_size: world,
+            generation: self.elastic.map_or(0, |e| e.world().generation),
         });
         if opts.checkpoint_every > 0
             && step.is_multiple_of(opts.checkpoint_every as u64)
@@ -275,6 +353,27 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             self.checkpoint(&[])?;
         }
         Ok(())
+    }
+
+    /// `--trace-samples`: batch `b`'s real rows (those whose position in the
+    /// epoch's order is below its length) with their mask hashes.
+    fn trace_step(&mut self, b: usize, batch: &Batch) -> Result<(), NerError> {
+        let Some(trace) = self.trace.as_mut() else { return Ok(()) };
+        let comm = self.replica.comm();
+        let (rank, world, rows) = (comm.rank(), comm.world_size(), self.opts.batch_size);
+        let len = self.data.train.len();
+        let samples = (0..batch.batch_size)
+            .filter(|&j| self.loader_start + (b * rows + j) * world + rank < len)
+            .map(|j| (batch.indices[j], mask_hash(batch, j)))
+            .collect();
+        trace.record(&TraceLine {
+            epoch: self.state.epoch,
+            step: self.state.global_step,
+            generation: self.elastic.map_or(0, |e| e.world().generation),
+            world,
+            rank,
+            samples,
+        })
     }
 
     /// The labelled tokens (`local_labelled` here) and the real tokens of the
@@ -335,8 +434,9 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
     /// The end of an epoch: every evaluation set, then a checkpoint with the
     /// predictions beside it.
     fn end_epoch(&mut self) -> Result<(), NerError> {
-        self.state.epoch += 1;
-        self.state.batch = 0;
+        // The loop's position moves on only once the evaluations are done, so
+        // that a world re-formed during them does them again.
+        let epoch = self.state.epoch + 1;
         let inference = self.replica.model().valid();
         let mut extra = Vec::new();
         for set in &self.data.eval {
@@ -346,7 +446,7 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
                 set,
                 &self.data.labels,
                 self.replica.comm(),
-                self.state.epoch,
+                epoch,
                 self.state.global_step,
                 self.device,
             )?;
@@ -358,6 +458,7 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
                 extra.push((format!("{}.predictions.conll", set.name), text));
             }
         }
+        (self.state.epoch, self.state.batch, self.state.position) = (epoch, 0, 0);
         self.checkpoint(&extra)
     }
 

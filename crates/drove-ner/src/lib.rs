@@ -52,15 +52,17 @@ mod model;
 mod observer;
 mod options;
 mod summary;
+mod trace;
 
 pub use data::NerData;
 pub use diagnose::DiagnoseReport;
 pub use error::NerError;
 pub use eval::EvalReport;
-pub use fit::{train_ner, train_ner_with};
+pub use fit::{train_ner, train_ner_elastic, train_ner_with};
 #[cfg(feature = "metrics")]
 pub use metrics::MetricsObserver;
 pub use model::load_model;
-pub use observer::{Observer, Quiet, StepReport};
+pub use observer::{Observer, Quiet, ReformReport, StepReport};
 pub use options::{MaskAlarm, NerOptions};
 pub use summary::NerSummary;
+pub use trace::{TraceLine, mask_hash};

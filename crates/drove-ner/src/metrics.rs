@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use drove_metrics::{Delivery, MetricsRecorder, RecorderError, metric_names};
 
-use crate::{DiagnoseReport, EvalReport, NerOptions, Observer, StepReport};
+use crate::{DiagnoseReport, EvalReport, NerOptions, Observer, ReformReport, StepReport};
 
 /// How long an event of the run (the options, the diversity alarm) may wait
 /// for the coordinator.
@@ -82,6 +82,23 @@ impl Observer for MetricsObserver {
         self.record(r.step, metric_names::SENTENCES_PER_S, r.sentences_per_s);
         self.record(r.step, metric_names::TOKENS_PER_S, r.tokens_per_s);
         self.record(r.step, metric_names::EPOCH, r.epoch as f64);
+        self.record(r.step, metric_names::WORLD_SIZE, r.world_size as f64);
+        self.record(r.step, metric_names::GENERATION, r.generation as f64);
+    }
+
+    /// The event once per world, from its rank 0.
+    fn reformed(&mut self, r: &ReformReport) {
+        if r.rank == 0 {
+            let message = format!(
+                "generation {}: {} rank(s) from step {} (state from rank {}, sent to {:?}) after {:.1} s; the last world ended: {}",
+                r.generation, r.world_size, r.step, r.source, r.behind, r.seconds, r.cause
+            );
+            if let Err(e) =
+                self.recorder.event(r.step as f64, metric_names::event::REFORM, &message, EVENT_TIMEOUT)
+            {
+                self.errors.push(e);
+            }
+        }
     }
 
     fn evaluated(&mut self, r: &EvalReport) {
@@ -137,9 +154,11 @@ mod tests {
             sentences_per_s: 10.0,
             tokens_per_s: 100.0,
             phases: drove_train::PhaseTimes::default(),
+            world_size: 3,
+            generation: 2,
         };
         observer.step(&step);
-        assert_eq!(observer.recorder().delivery().recorded, 5, "every field but the NaN loss");
+        assert_eq!(observer.recorder().delivery().recorded, 7, "every field but the NaN loss");
         let eval = EvalReport {
             set: "test".into(),
             epoch: 1,
@@ -153,6 +172,6 @@ mod tests {
             sentences: 1,
         };
         observer.evaluated(&eval);
-        assert_eq!(observer.close().recorded, 8);
+        assert_eq!(observer.close().recorded, 10);
     }
 }

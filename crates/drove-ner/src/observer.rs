@@ -25,6 +25,32 @@ pub struct StepReport {
     /// host sync (compute: each micro-batch's loss value; clip: the norm), so
     /// the update's queued kernels are counted in the next step's compute.
     pub phases: drove_train::PhaseTimes,
+    /// The ranks that took the step.
+    pub world_size: usize,
+    /// The elastic run's generation the step was taken in (0: a fixed world).
+    pub generation: u64,
+}
+
+/// An elastic run's world re-formed, as one member saw it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ReformReport {
+    /// The new world's generation.
+    pub generation: u64,
+    /// This member's rank in it.
+    pub rank: usize,
+    /// Its size.
+    pub world_size: usize,
+    /// The step every member is at now (the last one applied before it).
+    pub step: u64,
+    /// The rank whose state the others took.
+    pub source: usize,
+    /// The ranks that were behind (new joiners) and took it.
+    pub behind: Vec<usize>,
+    /// Why the last world ended.
+    pub cause: String,
+    /// Seconds from the failure (or the decision to re-form) to the new
+    /// world holding one state.
+    pub seconds: f64,
 }
 
 /// What the loop tells its caller as it goes (progress bars, metrics).
@@ -40,6 +66,8 @@ pub trait Observer {
     /// The diversity alarm, once per run: the first diagnosed step whose masks
     /// are not independent across ranks (identical, or anti-correlated).
     fn alarm(&mut self, _report: &DiagnoseReport) {}
+    /// An elastic run's world re-formed and every member holds one state.
+    fn reformed(&mut self, _report: &ReformReport) {}
     /// A line worth showing (loading, checkpoints).
     fn note(&mut self, _message: &str) {}
 }

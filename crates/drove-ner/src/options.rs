@@ -167,6 +167,19 @@ pub struct NerOptions {
     /// Stop after N steps in this process (the schedule still spans the whole run).
     #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
     pub max_steps: Option<u64>,
+    /// Append every applied step's samples to FILE, one JSON line per rank
+    /// and step: epoch, step, generation, world, rank and the (sample id,
+    /// mask hash) of each real row (padding left out). Ranks append whole
+    /// lines to the one file.
+    #[serde(default)]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "FILE"))]
+    pub trace_samples: Option<PathBuf>,
+    /// Elastic runs: ask whether the world should re-form (a member waits to
+    /// join) every N steps (one small all-reduce).
+    #[serde(default = "default_reform_check")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 5,
+        value_parser = |s: &str| flags::at_least(s, 1, "--reform-check-every", "")))]
+    pub reform_check_every: usize,
     /// Start from random weights of `config.json`'s shape instead of
     /// `model.safetensors` (throughput where the weights are not at hand; no
     /// flag of `drove train ner`).
@@ -208,6 +221,8 @@ impl Default for NerOptions {
             dropout: None,
             resume: false,
             max_steps: None,
+            trace_samples: None,
+            reform_check_every: default_reform_check(),
             random_init: false,
         }
     }
@@ -237,6 +252,10 @@ impl std::str::FromStr for MaskAlarm {
 
 /// Settings no run can go on with (the flags' own parsers refuse them too,
 /// but options may be built in code).
+fn default_reform_check() -> usize {
+    5
+}
+
 pub(crate) fn check_options(opts: &NerOptions) -> Result<(), NerError> {
     if opts.batch_size == 0 || opts.epochs == 0 {
         return Err(NerError::Options("--batch-size and --epochs must be at least 1".into()));

@@ -35,6 +35,11 @@ pub const MASK_AGREEMENT_EXPECTED: &str = "mask_agreement_expected";
 pub const MASK_AGREEMENT_SIGMA: &str = "mask_agreement_sigma";
 /// The mean cosine between the ranks' local gradients (a diagnosed step).
 pub const GRAD_COSINE: &str = "grad_cosine";
+/// The number of ranks that took a step (an elastic run's world changes).
+pub const WORLD_SIZE: &str = "world_size";
+/// The generation (world) of an elastic run a step was taken in; 0 for a
+/// fixed world.
+pub const GENERATION: &str = "generation";
 /// 1 at a step where the diversity alarm went off (also an [`event`] kind).
 pub const DIVERSITY_ALARM: &str = "diversity_alarm";
 
@@ -45,6 +50,10 @@ pub mod event {
     /// The masks were found identical (or anti-correlated) across ranks; the
     /// message says why.
     pub const DIVERSITY_ALARM: &str = super::DIVERSITY_ALARM;
+    /// An elastic run's world re-formed (rank 0 of the new world, at the
+    /// last step applied before it); the message says which generation, its
+    /// world size and why.
+    pub const REFORM: &str = "reform";
 }
 
 /// A score of an evaluation on a named set, recorded as `SET_f1`,

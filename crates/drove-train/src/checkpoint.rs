@@ -59,6 +59,10 @@ pub struct LoopState {
     pub epoch: usize,
     /// Next batch within that epoch.
     pub batch: usize,
+    /// Samples of the epoch's order applied so far: an elastic run's
+    /// progress, which holds at any world size (absent in older states: 0).
+    #[serde(default)]
+    pub position: usize,
     /// Optimiser steps taken.
     pub global_step: u64,
     /// Ranks of the run that wrote it.
@@ -312,6 +316,7 @@ mod tests {
 
     fn state(step: u64) -> LoopState {
         LoopState {
+            position: 0,
             epoch: 1,
             batch: 3,
             global_step: step,

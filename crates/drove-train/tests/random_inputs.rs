@@ -48,6 +48,7 @@ fn params() -> FlatParams {
 
 fn state() -> LoopState {
     LoopState {
+        position: 0,
         epoch: 1,
         batch: 3,
         global_step: 7,
