@@ -968,6 +968,45 @@ mod tests {
     }
 
     #[test]
+    fn generations_read_back_as_stored_and_start_over_with_their_run() {
+        use crate::generations::{Elastic, ElasticJoin};
+        use drove_proto::v1::EndKind;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.generations("e").unwrap(), None);
+        let t0 = std::time::Instant::now();
+        let mut run = Elastic::new("e", 1, 2);
+        let join = |id: &str, after: i64, cause: End| ElasticJoin {
+            member_id: id.into(),
+            address: format!("{id}:1"),
+            host: "h".into(),
+            min: 1,
+            max: 2,
+            after,
+            settle: std::time::Duration::from_millis(5),
+            step: 3,
+            cause,
+        };
+        let none = End::of(EndKind::Unspecified, &[]);
+        run.join(&join("a", 0, none.clone()), t0, 1).unwrap();
+        run.join(&join("b", 0, none), t0, 1).unwrap();
+        assert!(run.try_close(t0, 2));
+        let lost = End { detail: "closed".into(), ..End::of(EndKind::ClosedConnection, &["b"]) };
+        run.join(&join("a", 1, lost), t0, 3).unwrap();
+        for g in run.take_changed() {
+            store.put_generation("e", 1, 2, g).unwrap();
+        }
+        let (min, max, stored) = store.generations("e").unwrap().unwrap();
+        assert_eq!((min, max, stored.len()), (1, 2, 2));
+        for (got, want) in stored.iter().zip(&run.generations) {
+            assert_eq!(&Generation { last_join: want.last_join, ..got.clone() }, want);
+        }
+        assert!(store.has_run("e").is_ok_and(|has| !has), "no runs row was written here");
+        store.remove_generations("e").unwrap();
+        assert_eq!(store.generations("e").unwrap(), None);
+    }
+
+    #[test]
     fn states_stored_as_words_read_back_and_a_bad_one_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
