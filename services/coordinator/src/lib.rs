@@ -4,7 +4,9 @@
 //!
 //! - **Rendezvous**: workers join a run id and wait until the world is complete;
 //!   each gets its rank, local rank and the peer table. A key-value slot per run
-//!   carries opaque bytes such as the NCCL unique id.
+//!   carries opaque bytes such as the NCCL unique id. An elastic run (joins with
+//!   `max_size` > 0) is a sequence of worlds, its [`generations`]: members
+//!   come and go, and each change re-forms the world with dense ranks.
 //! - **Weights**: rank 0 (or a file) publishes the initial weights as a stream of
 //!   chunks with a sha256; the others stream them down. Blobs are files in the
 //!   store, visible only once complete and verified.

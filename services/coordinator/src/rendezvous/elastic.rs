@@ -15,7 +15,7 @@ use tonic::{Response, Status};
 use super::{Keys, RendezvousService, Runs};
 use crate::generations::{DEFAULT_SETTLE, Elastic, ElasticJoin, End, GenerationError, GenerationState};
 use crate::store::now_ms;
-use crate::validate::{MAX_WORLD_SIZE, check_run_id, internal};
+use crate::validate::{MAX_WORLD_SIZE, internal};
 
 /// An elastic run in memory: its generations, the watch channel its waiting
 /// joins follow, its keys.
@@ -173,7 +173,9 @@ impl RendezvousService {
             runs.fixed.remove(&req.run_id);
             self.store.remove_members(&req.run_id, None).map_err(internal)?;
         }
-        if runs.elastic.get(&req.run_id).is_none_or(|run| run.gens.outcome().is_some()) {
+        // A run that ended (or never got a generation) starts over with this join's sizes.
+        let over = |run: &ElasticRun| run.gens.generations.is_empty() || run.gens.outcome().is_some();
+        if runs.elastic.get(&req.run_id).is_none_or(over) {
             self.store.remove_generations(&req.run_id).map_err(internal)?;
             runs.elastic.insert(req.run_id.clone(), ElasticRun::new(&req.run_id, j.min, j.max));
         }
@@ -390,7 +392,6 @@ impl RendezvousService {
     /// A run's generations, oldest first: from memory, else the store (an
     /// ended run); none for a fixed-world run; NOT_FOUND for a run never seen.
     pub(super) fn list_generations(&self, run_id: &str) -> Result<Vec<drove_proto::v1::Generation>, Status> {
-        check_run_id(run_id, "run_id")?;
         {
             let runs = self.lock();
             if let Some(run) = runs.elastic.get(run_id) {
