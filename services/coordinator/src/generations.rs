@@ -557,6 +557,9 @@ impl Elastic {
                 found: j.address.clone(),
             });
         }
+        if let Some(number) = self.retry_of_running(j) {
+            return Ok(number); // its join's answer was lost: it never ran in the generation
+        }
         if let Some(f) = self.forming().filter(|f| f.world_size() >= self.max) {
             return Err(GenerationError::Full {
                 run: self.run_id.clone(),
@@ -581,6 +584,17 @@ impl Elastic {
         let number = f.number;
         self.touch(number);
         Ok(number)
+    }
+
+    /// The running generation's number if `j` is a retry of a join to it:
+    /// the member is in it from the same address, says it was last in an
+    /// older generation, and has sent no heartbeat since it closed (a member
+    /// that did has run in it, and joining again re-forms the world).
+    fn retry_of_running(&self, j: &ElasticJoin) -> Option<i64> {
+        let r = self.running()?;
+        let m = r.member(&j.member_id)?;
+        let retry = m.address == j.address && j.after < r.number && !self.beats.contains_key(&j.member_id);
+        retry.then_some(r.number)
     }
 
     /// The checks of a join against the run: its sizes, its

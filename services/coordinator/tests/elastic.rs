@@ -329,7 +329,7 @@ async fn bad_elastic_joins_are_invalid_arguments_naming_the_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_silent_member_does_not_fail_the_run_the_others_are_told_to_re_form() {
-    let f = fixture(300).await;
+    let f = fixture(1_000).await;
     let c = clients(&f).await;
     generation_1(&c, "quiet", &["a", "b", "c"], 2).await;
     let beat = |id: &str| HeartbeatRequest {

@@ -248,3 +248,17 @@ fn a_resumed_forming_generation_settles_from_the_resume() {
     assert!(!resumed.try_close(t1, 2));
     assert!(resumed.try_close(t1 + SETTLE, 2));
 }
+
+#[test]
+fn a_retry_after_its_generation_closed_is_answered_but_a_member_that_ran_re_forms() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b", "c"], t0);
+    assert_eq!(run.join(&join("a", 0), t0, 3), Ok(1), "a retry: no heartbeat in generation 1 yet");
+    assert_eq!(run.generation(1).unwrap().state, GenerationState::Running);
+    assert!(run.world_of(1, "a").is_some());
+    let moved = ElasticJoin { address: "a:2".into(), ..join("a", 0) };
+    run.heartbeat("b", 1, t0).unwrap();
+    assert_eq!(run.join(&join("b", 0), t0, 3), Ok(2), "b ran in generation 1: it was restarted");
+    assert_eq!(run.generation(1).unwrap().state, GenerationState::Ended);
+    assert_eq!(run.join(&moved, t0, 3), Ok(2), "from another address: not a retry");
+}
