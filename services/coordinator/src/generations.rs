@@ -18,7 +18,10 @@
 //! `max_size` members, or at least `min_size` and either every member of the
 //! previous generation not named lost is back or the settle time has passed
 //! since the last join. A member whose generation was replaced by one formed
-//! without it was left out ([`GenerationError::LeftOut`]).
+//! without it was left out ([`GenerationError::LeftOut`]). A join is
+//! idempotent while its member waits in the forming generation (same id and
+//! address), and after it closed too until the member's first heartbeat in
+//! it (the answer was lost: a retry, not a re-join).
 //!
 //! Every change marks the generations it touched; the service writes those
 //! ([`Elastic::take_changed`]) to the store under the run's lock.
