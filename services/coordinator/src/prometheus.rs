@@ -4,6 +4,12 @@
 //! - `drove_metric{run, rank, name}`: for every running run and rank, the
 //!   latest value of every metric it recorded (a gauge);
 //! - `drove_diversity_alarm{run}`: 1 when the run's diversity alarm went off;
+//! - `drove_run_world_size{run}` and `drove_run_generation{run}`: for every
+//!   running run, the `world_size` and `generation` metrics at the latest step
+//!   any rank recorded them, the largest across ranks there (from the points,
+//!   not the coordinator's generations, so a fixed-world run that records them
+//!   has them too; the latest step rather than each rank's latest point,
+//!   since a rank left out of a smaller world keeps its old world's value);
 //! - the coordinator's own: `drove_points_ingested_total`, `drove_pushes_total`
 //!   (since start), `drove_runs{state}`, `drove_blobs` and `drove_blob_bytes`.
 //!
@@ -20,7 +26,7 @@ use drove_proto::metric_names;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::run_state::RunState;
-use crate::store::{Store, StoreError};
+use crate::store::{Agg, Filter, RunRow, Store, StoreError};
 
 /// Counters the services bump as they work.
 #[derive(Debug, Default)]
@@ -83,6 +89,7 @@ pub fn render(store: &Store, counters: &Counters) -> Result<String, StoreError> 
             .is_some_and(|e| e.iter().any(|e| e.kind == metric_names::event::DIVERSITY_ALARM));
         let _ = writeln!(w, "drove_diversity_alarm{{run=\"{}\"}} {}", label(&r.run_id), u8::from(raised));
     }
+    world_gauges(w, store, &runs)?;
     let _ = writeln!(w, "# HELP drove_runs Runs the coordinator knows, by state.");
     let _ = writeln!(w, "# TYPE drove_runs gauge");
     let mut states: Vec<(&str, usize)> = Vec::new();
@@ -112,6 +119,36 @@ pub fn render(store: &Store, counters: &Counters) -> Result<String, StoreError> 
     let _ = writeln!(w, "# TYPE drove_pushes_total counter");
     let _ = writeln!(w, "drove_pushes_total {}", counters.pushes.load(Ordering::Relaxed));
     Ok(out)
+}
+
+/// The value of metric `name` of `run_id` at the latest step it was recorded
+/// at, the largest across the ranks that recorded it there.
+fn latest_max(store: &Store, run_id: &str, name: &str) -> Result<Option<f64>, StoreError> {
+    let filter = Filter { run_id: run_id.to_string(), name: Some(name.to_string()), ..Filter::default() };
+    Ok(store.aggregate(&filter, Agg::Max)?.last().map(|row| row.value))
+}
+
+/// `drove_run_world_size` and `drove_run_generation` of the running `runs`
+/// that recorded them.
+fn world_gauges(w: &mut String, store: &Store, runs: &[RunRow]) -> Result<(), StoreError> {
+    let running: Vec<&RunRow> = runs.iter().filter(|r| r.state == Some(RunState::Running)).collect();
+    for (gauge, metric, help) in [
+        ("drove_run_world_size", metric_names::WORLD_SIZE, "The ranks of a running run at its latest step."),
+        (
+            "drove_run_generation",
+            metric_names::GENERATION,
+            "The generation (world) of a running elastic run at its latest step; 0 for a fixed world.",
+        ),
+    ] {
+        let _ = writeln!(w, "# HELP {gauge} {help}");
+        let _ = writeln!(w, "# TYPE {gauge} gauge");
+        for r in &running {
+            if let Some(value) = latest_max(store, &r.run_id, metric)? {
+                let _ = writeln!(w, "{gauge}{{run=\"{}\"}} {}", label(&r.run_id), number(value));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Serves `/metrics` on `listener` until the task is dropped.

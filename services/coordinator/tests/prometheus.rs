@@ -1,8 +1,9 @@
 //! Prometheus: a scrape of the coordinator's `/metrics`, parsed with a real
 //! Prometheus text parser (`prometheus_client`'s, from PyPI through
 //! `scripts/python-tools.sh`), holds the values pushed: the latest value of each
-//! metric of each rank of a running run, its diversity alarm, and the
-//! coordinator's own counters; a finished run's metrics are not exported.
+//! metric of each rank of a running run, its diversity alarm, its world size
+//! and generation at its latest step, and the coordinator's own counters; a
+//! finished run's metrics are not exported.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -124,5 +125,49 @@ async fn a_scrape_holds_the_latest_values_the_alarm_and_the_counters() {
     assert_eq!(sample(&s, "drove_points_ingested_total", &[]), Some(6.0), "{s}");
     assert_eq!(sample(&s, "drove_pushes_total", &[]), Some(1.0), "{s}");
     assert_eq!(sample(&s, "drove_blob_bytes", &[]), Some(0.0), "{s}");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_run_exports_its_world_size_and_generation_at_its_latest_step() {
+    let python = tokio::task::spawn_blocking(tools_python).await.unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let config = drove_coordinator::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: store.path().to_path_buf(),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    };
+    let server = drove_coordinator::start(&config).await.unwrap();
+    let url = format!("http://{}/metrics", server.metrics_addr().expect("metrics served"));
+    let addr = server.addr().to_string();
+    let (mut c0, mut c1) =
+        (Clients::connect(&addr, None).await.unwrap(), Clients::connect(&addr, None).await.unwrap());
+    tokio::join!(join(&mut c0, "elastic", 0, 2), join(&mut c1, "elastic", 1, 2));
+
+    // Generation 1 had 3 ranks up to step 4; generation 2 has 2 from step 5.
+    // Rank 2's step-4 points arrive last: the latest point of that rank, but
+    // not of the run's latest step.
+    let mut points = Vec::new();
+    for rank in 0..2 {
+        for (step, world, generation) in [(4.0, 3.0, 1.0), (5.0, 2.0, 2.0), (6.0, 2.0, 2.0)] {
+            points.push(point("elastic", rank, step, "world_size", world));
+            points.push(point("elastic", rank, step, "generation", generation));
+        }
+    }
+    points.push(point("elastic", 2, 4.0, "world_size", 3.0));
+    points.push(point("elastic", 2, 4.0, "generation", 1.0));
+    let stream = tokio_stream::iter(vec![PushRequest { points }]);
+    let mut acks = c0.metrics.push(stream).await.unwrap().into_inner();
+    while acks.message().await.unwrap().is_some() {}
+
+    let s = tokio::task::spawn_blocking(move || scrape(&python, &url)).await.unwrap();
+    assert_eq!(s["families"]["drove_run_world_size"], "gauge", "{s}");
+    assert_eq!(s["families"]["drove_run_generation"], "gauge", "{s}");
+    assert_eq!(sample(&s, "drove_run_world_size", &[("run", "elastic")]), Some(2.0), "{s}");
+    assert_eq!(sample(&s, "drove_run_generation", &[("run", "elastic")]), Some(2.0), "{s}");
+    // Each rank's latest value is still there as drove_metric.
+    let m = sample(&s, "drove_metric", &[("run", "elastic"), ("rank", "2"), ("name", "world_size")]);
+    assert_eq!(m, Some(3.0), "{s}");
     server.shutdown().await;
 }
