@@ -9,7 +9,10 @@ use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use drove_proto::client::Clients;
 use drove_proto::metric_names;
-use drove_proto::v1::{Aggregation, ListRunsRequest, MetricPoint, QueryRequest, WatchRequest};
+use drove_proto::v1::{
+    Aggregation, EndKind, Generation, GenerationState, GenerationsRequest, ListRunsRequest, MetricPoint,
+    QueryRequest, RunInfo, WatchRequest,
+};
 use serde_json::json;
 
 /// A multi-threaded tokio runtime with I/O and timers.
@@ -322,38 +325,22 @@ pub struct RunsArgs {
     json: bool,
 }
 
-/// `drove runs`.
+/// `drove runs`: every run, and the generations of the elastic ones.
 pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
     let rt = runtime("drove-runs")?;
     let runs = rt.block_on(async {
         let (mut clients, _server) = args.target.connect().await?;
         let runs =
             clients.metrics.list_runs(ListRunsRequest {}).await.map_err(status_error)?.into_inner().runs;
-        anyhow::Ok(runs)
+        let mut listed = Vec::with_capacity(runs.len());
+        for run in runs {
+            let generations = generations(&mut clients, &run.run_id).await?;
+            listed.push((run, generations));
+        }
+        anyhow::Ok(listed)
     })?;
     if args.json {
-        let runs: Vec<_> = runs
-            .iter()
-            .map(|r| {
-                json!({
-                    "run_id": r.run_id,
-                    "state": r.state().word(),
-                    "world_size": r.world_size,
-                    "joined": r.joined,
-                    "points": r.points,
-                    "created_unix_ms": r.created_unix_ms,
-                    "updated_unix_ms": r.updated_unix_ms,
-                    "restarts": r.restarts,
-                    "events": r.events.iter().map(|e| json!({
-                        "rank": e.rank,
-                        "step": e.step,
-                        "kind": e.kind,
-                        "message": e.message,
-                        "wall_time_unix_ms": e.wall_time_unix_ms,
-                    })).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
+        let runs: Vec<_> = runs.iter().map(|(r, g)| run_json(r, g)).collect();
         emit(&json!({ "runs": runs }).to_string())?;
         return Ok(());
     }
@@ -361,7 +348,94 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
         eprintln!("the coordinator knows no runs");
         return Ok(());
     }
-    let width = runs.iter().map(|r| r.run_id.len()).max().unwrap_or(0).max(6);
+    print_runs(&runs)
+}
+
+/// The generations of run `run_id`, oldest first: none for a fixed-world
+/// run, and none from a coordinator that has no Generations call or does
+/// not know the run (it only recorded points).
+async fn generations(clients: &mut Clients, run_id: &str) -> anyhow::Result<Vec<Generation>> {
+    let request = GenerationsRequest { run_id: run_id.to_string() };
+    match clients.rendezvous.generations(request).await {
+        Ok(reply) => Ok(reply.into_inner().generations),
+        Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::Unimplemented) => Ok(Vec::new()),
+        Err(s) => Err(status_error(s).context(format!("asking for the generations of run {run_id:?}"))),
+    }
+}
+
+/// A run as `drove runs --json` prints it.
+fn run_json(r: &RunInfo, generations: &[Generation]) -> serde_json::Value {
+    json!({
+        "run_id": r.run_id,
+        "state": r.state().word(),
+        "world_size": r.world_size,
+        "joined": r.joined,
+        "points": r.points,
+        "created_unix_ms": r.created_unix_ms,
+        "updated_unix_ms": r.updated_unix_ms,
+        "restarts": r.restarts,
+        "events": r.events.iter().map(|e| json!({
+            "rank": e.rank,
+            "step": e.step,
+            "kind": e.kind,
+            "message": e.message,
+            "wall_time_unix_ms": e.wall_time_unix_ms,
+        })).collect::<Vec<_>>(),
+        "generations": generations.iter().map(generation_json).collect::<Vec<_>>(),
+    })
+}
+
+/// A generation as `drove runs --json` prints it (`end` null until it ended).
+fn generation_json(g: &Generation) -> serde_json::Value {
+    json!({
+        "number": g.number,
+        "state": generation_state_word(g.state()),
+        "world_size": g.world_size,
+        "first_step": g.first_step,
+        "last_step": g.last_step,
+        "members": g.members.iter().map(|m| json!({
+            "member_id": m.member_id,
+            "rank": m.rank,
+            "host": m.host,
+            "address": m.address,
+        })).collect::<Vec<_>>(),
+        "end": g.end.as_ref().map(|e| json!({
+            "kind": end_kind_word(e.kind()),
+            "members": e.members,
+            "detail": e.detail,
+        })),
+        "started_unix_ms": g.started_ms,
+        "ended_unix_ms": g.ended_ms,
+    })
+}
+
+/// A generation's state as people read it (as the coordinator stores it).
+fn generation_state_word(state: GenerationState) -> &'static str {
+    match state {
+        GenerationState::Unspecified => "unspecified",
+        GenerationState::Forming => "forming",
+        GenerationState::Running => "running",
+        GenerationState::Ended => "ended",
+    }
+}
+
+/// How a generation ended, as people read it.
+fn end_kind_word(kind: EndKind) -> &'static str {
+    match kind {
+        EndKind::Unspecified => "unspecified",
+        EndKind::ClosedConnection => "closed-connection",
+        EndKind::CollectiveDeadline => "collective-deadline",
+        EndKind::Heartbeat => "heartbeat",
+        EndKind::MemberAdded => "member-added",
+        EndKind::Finished => "finished",
+        EndKind::Failed => "failed",
+    }
+}
+
+/// The table of `drove runs`: a line per run, then its generations and its
+/// events, indented.
+fn print_runs(runs: &[(RunInfo, Vec<Generation>)]) -> anyhow::Result<()> {
+    let width = runs.iter().map(|(r, _)| r.run_id.len()).max().unwrap_or(0).max(6);
     let header = format!(
         "{:<width$}  {:<12}  {:>5}  {:>6}  {:>8}  {:>10}  {:<19}  {}",
         "run id", "state", "world", "joined", "restarts", "points", "created (UTC)", "updated (UTC)"
@@ -369,7 +443,7 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
     if !emit(&header)? {
         return Ok(());
     }
-    for r in &runs {
+    for (r, generations) in runs {
         let line = format!(
             "{:<width$}  {:<12}  {:>5}  {:>6}  {:>8}  {:>10}  {:<19}  {}",
             r.run_id,
@@ -381,17 +455,64 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
             utc(r.created_unix_ms),
             utc(r.updated_unix_ms)
         );
-        if !emit(&line)? {
-            break;
-        }
+        let mut lines = vec![line];
+        lines.extend(generations.iter().flat_map(generation_lines));
         // The options event is one long JSON object, for `drove report` and --json.
         for e in r.events.iter().filter(|e| e.kind != metric_names::event::OPTIONS) {
-            if !emit(&format!("    {} at step {} (rank {}): {}", e.kind, e.step, e.rank, e.message))? {
+            lines.push(format!("    {} at step {} (rank {}): {}", e.kind, e.step, e.rank, e.message));
+        }
+        for line in &lines {
+            if !emit(line)? {
                 return Ok(());
             }
         }
     }
     Ok(())
+}
+
+/// A generation in `drove runs`' table: what it is, its members, and why it
+/// ended (once it has).
+fn generation_lines(g: &Generation) -> Vec<String> {
+    let state = g.state();
+    let steps = match state {
+        GenerationState::Ended => format!("steps {}..{}", g.first_step, g.last_step),
+        GenerationState::Running => format!("steps {}..", g.first_step),
+        _ => format!("after step {}", g.first_step),
+    };
+    let size = if g.world_size > 0 {
+        format!("world {}", g.world_size)
+    } else {
+        format!("{} member(s) joined", g.members.len())
+    };
+    let mut head = format!("    generation {}  {}  {size}  {steps}", g.number, generation_state_word(state));
+    if g.started_ms > 0 {
+        head.push_str(&format!("  started {}", utc(g.started_ms)));
+    }
+    if g.ended_ms > 0 {
+        head.push_str(&format!("  ended {}", utc(g.ended_ms)));
+    }
+    let members: Vec<String> = g
+        .members
+        .iter()
+        .map(|m| match m.rank {
+            r if r >= 0 => format!("{} (rank {r}, {})", m.member_id, m.host),
+            _ => format!("{} ({})", m.member_id, m.host),
+        })
+        .collect();
+    let mut lines = vec![head, format!("      members: {}", members.join(", "))];
+    if let Some(end) = &g.end {
+        let kind = end.kind();
+        let mut why = format!("      ended by {}", end_kind_word(kind));
+        if !end.members.is_empty() {
+            let role = if kind == EndKind::MemberAdded { "added" } else { "lost" };
+            why.push_str(&format!(" ({role}: {})", end.members.join(", ")));
+        }
+        if !end.detail.is_empty() {
+            why.push_str(&format!(": {}", end.detail));
+        }
+        lines.push(why);
+    }
+    lines
 }
 
 /// Unix milliseconds as `YYYY-MM-DD HH:MM:SS` (UTC).

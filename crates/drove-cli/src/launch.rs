@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use clap::Args;
 use drove_launch::{
-    Console, CoordinatorChoice, End, LaunchSpec, MAX_LOCAL_RANKS, PlainConsole, Progress, RestartPolicy,
-    Stream,
+    Console, CoordinatorChoice, ElasticLaunch, End, LaunchSpec, MAX_LOCAL_RANKS, PlainConsole, Progress,
+    RestartPolicy, Stream,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -44,6 +44,18 @@ pub struct RunArgs {
     /// checkpoint). After N restarts the run fails with the last error.
     #[arg(long, value_name = "N", default_value_t = 0)]
     max_restarts: u32,
+    /// An elastic launch (torchrun's --nnodes MIN:MAX): the ranks are
+    /// members of an elastic run whose worlds may have MIN to --max-np
+    /// members (DROVE_ELASTIC); a failed rank's process is started again
+    /// alone while the others keep training (each restart counts against
+    /// --max-restarts), and it joins their world at a step boundary. With
+    /// --coordinator and the --run-id of a live elastic run, adds these
+    /// ranks to it.
+    #[arg(long, value_name = "MIN", value_parser = min_np)]
+    min_np: Option<usize>,
+    /// The most ranks an elastic run's world may have [default: --np].
+    #[arg(long, value_name = "MAX", requires = "min_np", value_parser = np)]
+    max_np: Option<usize>,
     /// Seconds between SIGTERM and SIGKILL when stopping the ranks.
     #[arg(long, default_value_t = 10.0, value_name = "S", value_parser = parse::seconds)]
     stop_grace_secs: f64,
@@ -60,6 +72,10 @@ fn np(s: &str) -> Result<usize, String> {
     } else {
         Ok(n)
     }
+}
+
+fn min_np(s: &str) -> Result<usize, String> {
+    parse::at_least(s, 1, "--min-np", " rank")
 }
 
 fn run_id(s: &str) -> Result<String, String> {
@@ -80,6 +96,7 @@ impl RunArgs {
         }
         spec.restart = RestartPolicy { max_restarts: self.max_restarts };
         spec.stop_grace = Duration::from_secs_f64(self.stop_grace_secs);
+        spec.elastic = self.min_np.map(|min| ElasticLaunch { min, max: self.max_np.unwrap_or(self.np) });
         spec
     }
 }

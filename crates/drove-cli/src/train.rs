@@ -180,6 +180,8 @@ impl Observer for Reporter {
         if let Some(m) = &mut self.metrics {
             m.reformed(r);
         }
+        // Rank 0 of each world shows the progress (the first world's may be gone).
+        self.progress.rank = r.rank;
     }
 
     fn note(&mut self, message: &str) {
@@ -390,7 +392,7 @@ fn record_options(reporter: &Reporter, opts: &NerOptions, world_size: usize, res
 
 pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     let mut opts = args.options();
-    let launch = LaunchEnv::from_env()?;
+    let launch = LaunchEnv::from_env_elastic(args.world)?;
     if opts.timeline.is_none() {
         opts.timeline.clone_from(&launch.timeline);
     }
@@ -401,7 +403,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     }
     // Before joining the other ranks: a missing GPU fails at once.
     let gpu = gpu::open(args.device)?;
-    let ranks = match args.world.or(launch.elastic) {
+    let ranks = match launch.elastic {
         Some(_) if gpu.is_some() => {
             return Err(anyhow!("an elastic run (--world) trains on the CPU only for now: drop --device"));
         }

@@ -1,6 +1,6 @@
 //! `drove run`, `drove check`, `drove coordinator`, `drove metrics`, `drove runs`
-//! and `drove bench coordinator`, as real processes talking to real coordinators
-//! on loopback. Every wait has a deadline; nothing waits by sleeping.
+//! (with the generations of an elastic run) and `drove bench coordinator`, as
+//! real processes talking to real coordinators on loopback. Every wait has a deadline; nothing waits by sleeping.
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::Proc;
 
 use drove_proto::client::Clients;
-use drove_proto::v1::{MetricPoint, PushRequest};
+use drove_proto::v1::{EndKind, GenerationEnd, JoinRequest, MetricPoint, PushRequest};
 use serde_json::Value;
 
 const DROVE: &str = env!("CARGO_BIN_EXE_drove");
@@ -290,6 +290,123 @@ fn run_on_a_separate_coordinator_is_listed_finished_or_failed() {
     assert!(status.success(), "{err}");
     assert!(out[0].starts_with("run id"), "{out:?}");
     assert!(out.iter().any(|l| l.starts_with("t1 ") && l.contains(" finished ")), "{out:?}");
+}
+
+/// A join of member `id` to elastic run `e` of 2 to 3 members, re-joining
+/// after generation `after` for `cause` if one is given.
+fn elastic_join(id: &str, after: i64, cause: Option<&GenerationEnd>) -> JoinRequest {
+    JoinRequest {
+        run_id: "e".into(),
+        address: format!("127.0.0.1:{}", 29500 + id.as_bytes()[0] as u16),
+        host: format!("host-{id}"),
+        requested_rank: -1,
+        timeout_ms: DEADLINE.as_millis() as i64,
+        member_id: id.into(),
+        min_size: 2,
+        max_size: 3,
+        settle_ms: 200,
+        after_generation: after,
+        step: if after > 0 { 42 } else { 0 },
+        cause: cause.cloned(),
+        ..Default::default()
+    }
+}
+
+/// Elastic run `e`: generation 1 of members a, b and c (at its maximum, it
+/// closes at once); c's connection closes at step 42, and a and b re-form
+/// generation 2 without it. Fixed run `f`: one worker.
+async fn elastic_and_fixed_runs(addr: &str) {
+    let c = Clients::connect(addr, None).await.unwrap();
+    let join = |req: JoinRequest| {
+        let mut r = c.rendezvous.clone();
+        async move { tokio::time::timeout(DEADLINE, r.join(req)).await.expect("in time").expect("joined") }
+    };
+    futures::future::join_all(["a", "b", "c"].map(|id| join(elastic_join(id, 0, None)))).await;
+    let cause = GenerationEnd {
+        kind: EndKind::ClosedConnection.into(),
+        members: vec!["c".into()],
+        detail: "peer closed the connection".into(),
+    };
+    futures::future::join_all(["a", "b"].map(|id| join(elastic_join(id, 1, Some(&cause))))).await;
+    let fixed = JoinRequest {
+        run_id: "f".into(),
+        world_size: 1,
+        address: "127.0.0.1:29600".into(),
+        host: "h".into(),
+        requested_rank: 0,
+        timeout_ms: 10_000,
+        ..Default::default()
+    };
+    join(fixed).await;
+}
+
+/// `drove runs --json` with `args`, parsed, and its runs by id.
+fn runs_json(args: &[&str]) -> Value {
+    let mut all = vec!["runs", "--json"];
+    all.extend_from_slice(args);
+    let (status, out, err) = drove(&all, DEADLINE);
+    assert!(status.success(), "{all:?}: {err}");
+    assert_eq!(out.len(), 1, "{out:?}");
+    let report: Value = serde_json::from_str(&out[0]).unwrap();
+    let runs = report["runs"].as_array().expect("runs").iter();
+    runs.map(|r| (r["run_id"].as_str().unwrap().to_string(), r.clone())).collect()
+}
+
+#[test]
+fn runs_lists_the_generations_of_an_elastic_run_live_and_from_its_store() {
+    let store = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let config = drove_coordinator::Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: store.path().to_path_buf(),
+        ..Default::default()
+    };
+    let server = rt.block_on(drove_coordinator::start(&config)).unwrap();
+    let addr = server.addr().to_string();
+    rt.block_on(elastic_and_fixed_runs(&addr));
+
+    let live = runs_json(&["--coordinator", &addr]);
+    assert_eq!(live["f"]["generations"], serde_json::json!([]), "a fixed world has none: {live}");
+    let gens = live["e"]["generations"].as_array().expect("generations");
+    assert_eq!(gens.len(), 2, "{live}");
+    let (g1, g2) = (&gens[0], &gens[1]);
+    assert_eq!((&g1["number"], &g1["state"], &g1["world_size"]), (&1.into(), &"ended".into(), &3.into()));
+    assert_eq!((&g1["first_step"], &g1["last_step"]), (&0.into(), &42.into()), "{g1}");
+    let end = serde_json::json!({
+        "kind": "closed-connection", "members": ["c"], "detail": "peer closed the connection"
+    });
+    assert_eq!(g1["end"], end, "{g1}");
+    assert_eq!((&g2["number"], &g2["state"], &g2["world_size"]), (&2.into(), &"running".into(), &2.into()));
+    assert_eq!((&g2["first_step"], &g2["end"]), (&42.into(), &Value::Null), "{g2}");
+    let mut members: Vec<(String, i64, String)> = g2["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (m["member_id"].as_str().unwrap().into(), m["rank"].as_i64().unwrap(), m["host"].to_string())
+        })
+        .collect();
+    members.sort();
+    assert_eq!(members.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(), ["a", "b"], "{g2}");
+    assert!(members.iter().all(|m| m.1 == 0 || m.1 == 1) && members[0].1 != members[1].1, "{g2}");
+
+    let (status, out, err) = drove(&["runs", "--coordinator", &addr], DEADLINE);
+    assert!(status.success(), "{err}");
+    let at = out.iter().position(|l| l.starts_with("e ")).unwrap_or_else(|| panic!("{out:?}"));
+    let under: Vec<&str> =
+        out[at + 1..].iter().map(String::as_str).take_while(|l| l.starts_with(' ')).collect();
+    assert!(under[0].starts_with("    generation 1  ended  world 3  steps 0..42  started "), "{under:?}");
+    assert!(under[1].starts_with("      members: ") && under[1].contains("c (rank "), "{under:?}");
+    assert_eq!(under[2], "      ended by closed-connection (lost: c): peer closed the connection");
+    assert!(under[3].starts_with("    generation 2  running  world 2  steps 42..  started "), "{under:?}");
+    assert!(under[4].contains("a (rank ") && under[4].contains(", host-b)"), "{under:?}");
+    let fixed = out.iter().position(|l| l.starts_with("f ")).unwrap();
+    assert!(out.get(fixed + 1).is_none_or(|l| !l.starts_with(' ')), "a fixed world lists none: {out:?}");
+
+    rt.block_on(server.shutdown());
+    let stored = runs_json(&["--store", store.path().to_str().unwrap()]);
+    assert_eq!(stored["e"]["generations"], live["e"]["generations"], "the store holds the same");
+    assert_eq!(stored["f"]["generations"], serde_json::json!([]));
 }
 
 fn push(addr: &str, token: &str, points: Vec<MetricPoint>) {

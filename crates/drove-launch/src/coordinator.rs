@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use drove_proto::client::{Authed, Clients, Token};
 use drove_proto::v1::rendezvous_client::RendezvousClient;
-use drove_proto::v1::{HeartbeatRequest, LeaveRequest, LeaveResponse, RunState};
+use drove_proto::v1::{
+    GenerationState, GenerationsRequest, HeartbeatRequest, LeaveRequest, LeaveResponse, RunState,
+};
 use tonic::Code;
 use tonic::service::interceptor::InterceptedService;
 
@@ -158,6 +160,26 @@ pub(crate) async fn check_run_is_free(clients: &mut Clients, run_id: &str) -> Re
                 "run {run_id:?} is already {state} on the coordinator; choose another --run-id"
             ))),
         },
+    }
+}
+
+/// [`check_run_is_free`], except that a live elastic run (one with
+/// generations) may be joined: an elastic launch adds its ranks to it.
+pub(crate) async fn check_run_is_free_or_elastic(
+    clients: &mut Clients,
+    run_id: &str,
+) -> Result<(), LaunchError> {
+    let listed = clients.rendezvous.generations(GenerationsRequest { run_id: run_id.to_string() });
+    match tokio::time::timeout(CALL_DEADLINE, listed).await {
+        Ok(Ok(r)) if !r.get_ref().generations.is_empty() => {
+            let ended = r.get_ref().generations.last().is_some_and(|g| g.state() == GenerationState::Ended);
+            if !ended {
+                tracing::info!("run {run_id:?} is a live elastic run: adding this launch's ranks to it");
+                return Ok(());
+            }
+            check_run_is_free(clients, run_id).await
+        }
+        _ => check_run_is_free(clients, run_id).await,
     }
 }
 

@@ -112,9 +112,27 @@ impl LaunchEnv {
     /// Reads the variables through `lookup` (a map in tests, the process
     /// environment in [`from_env`](Self::from_env)).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
+        Self::from_lookup_elastic(lookup, None)
+    }
+
+    /// Reads this process's environment for a member of an elastic run of
+    /// `world` sizes when given (a command's `--world`, which wins over
+    /// `DROVE_ELASTIC`): then no world size is needed.
+    pub fn from_env_elastic(world: Option<WorldRange>) -> Result<Self, EnvError> {
+        Self::from_lookup_elastic(|name| std::env::var(name).ok(), world)
+    }
+
+    /// [`from_lookup`](Self::from_lookup) with an elastic run's sizes given.
+    pub fn from_lookup_elastic(
+        lookup: impl Fn(&str) -> Option<String>,
+        world: Option<WorldRange>,
+    ) -> Result<Self, EnvError> {
         let read = Reader(&lookup);
         let rendezvous = read.rendezvous();
-        let elastic = read.elastic()?;
+        let elastic = match world {
+            Some(range) => Some(range),
+            None => read.elastic()?,
+        };
         let place = match (rendezvous, read.text(var::WORLD_SIZE)) {
             (RendezvousKind::Alone, None) => None,
             // An elastic member's rank and world come from each generation.
@@ -319,6 +337,10 @@ mod tests {
         bad(&[(var::COORDINATOR, "c:1"), (var::ELASTIC, "4:3")], "DROVE_ELASTIC=\"4:3\"");
         bad(&[(var::COORDINATOR, "c:1"), (var::ELASTIC, "0:3")], "DROVE_ELASTIC=\"0:3\"");
         bad(&[(var::ELASTIC, "2"), (var::SETTLE_SECS, "-1")], "DROVE_SETTLE_SECS=\"-1\"");
+        let given = WorldRange::new(2, 5).unwrap();
+        let flag =
+            LaunchEnv::from_lookup_elastic(|n| (n == var::COORDINATOR).then(|| "c:1".into()), Some(given));
+        assert_eq!(flag.unwrap().elastic, Some(given), "a command's --world needs no DROVE_WORLD_SIZE");
     }
 
     #[test]

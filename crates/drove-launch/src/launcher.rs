@@ -9,7 +9,8 @@ use drove_proto::client::Clients;
 
 use crate::console::Console;
 use crate::coordinator::{
-    CoordinatorChoice, LaunchCoordinator, check_run_is_free, connect, leave_all, watch_run,
+    CoordinatorChoice, LaunchCoordinator, check_run_is_free, check_run_is_free_or_elastic, connect,
+    leave_all, watch_run,
 };
 use crate::env::var;
 use crate::error::LaunchError;
@@ -17,7 +18,7 @@ use crate::exit::signal_exit_code;
 use crate::restart::{Next, RestartPolicy};
 use crate::signals::forward_signals;
 use crate::spawn::{Event, RankCommand};
-use crate::supervise::{Attempt, supervise};
+use crate::supervise::{Attempt, SlotPolicy, supervise};
 
 /// Most ranks on one host.
 pub const MAX_LOCAL_RANKS: usize = 4096;
@@ -43,6 +44,23 @@ pub struct LaunchSpec {
     pub stop_grace: Duration,
     /// Extra variables for every rank.
     pub env: Vec<(String, String)>,
+    /// An elastic launch (`--min-np`): the ranks run as members of an
+    /// elastic run, a failed slot is started again alone.
+    pub elastic: Option<ElasticLaunch>,
+}
+
+/// An elastic launch: the world sizes its run allows (`MIN:MAX`, given to
+/// the ranks as `DROVE_ELASTIC`). A failed slot's process is started again
+/// alone, counting against `--max-restarts` (torchrun counts membership
+/// changes the same way), while the others go on; it joins the running world
+/// at a step boundary. A second launch with the same coordinator and run id
+/// adds its ranks to the running run, up to MAX.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ElasticLaunch {
+    /// The fewest ranks a world may have.
+    pub min: usize,
+    /// The most (at least this launch's `np`).
+    pub max: usize,
 }
 
 impl LaunchSpec {
@@ -63,6 +81,7 @@ impl LaunchSpec {
             restart: RestartPolicy::default(),
             stop_grace: Duration::from_secs(10),
             env: Vec::new(),
+            elastic: None,
         }
     }
 
@@ -73,7 +92,35 @@ impl LaunchSpec {
                 self.np
             )));
         }
+        if let Some(e) = self.elastic {
+            let problem = if e.min == 0 {
+                Some("--min-np must be at least 1".to_string())
+            } else if e.min > self.np {
+                Some(format!(
+                    "--min-np {} is above --np {}: the launch could never form a world",
+                    e.min, self.np
+                ))
+            } else if e.max < self.np {
+                Some(format!(
+                    "--max-np {} is below --np {}: a world cannot take every rank started",
+                    e.max, self.np
+                ))
+            } else {
+                None
+            };
+            if let Some(p) = problem {
+                return Err(LaunchError::Spec(p));
+            }
+        }
         check_run_id(&self.run_id).map_err(LaunchError::Spec)
+    }
+
+    /// The member ids of this launch's slots start with this: the host and
+    /// the launcher's process id, so a second launch's slots are other members.
+    fn member_prefix(&self) -> Option<String> {
+        self.elastic?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        Some(format!("{}.{}.", host.trim(), std::process::id()))
     }
 
     /// The variables every rank of an attempt gets (the rank's own are set at spawn).
@@ -96,6 +143,9 @@ impl LaunchSpec {
         }
         if progress {
             env.push((var::PROGRESS.to_string(), "launcher".to_string()));
+        }
+        if let Some(e) = self.elastic {
+            env.push((var::ELASTIC.to_string(), format!("{}:{}", e.min, e.max)));
         }
         env.extend(self.env.iter().cloned());
         env
@@ -209,7 +259,11 @@ async fn join(addr: &str, spec: &LaunchSpec) -> Result<Clients, LaunchError> {
                 "the coordinator at {addr} did not accept a connection within 15 s"
             ))
         })??;
-    check_run_is_free(&mut clients, &spec.run_id).await?;
+    match spec.elastic {
+        // A second elastic launch adds its ranks to the running run.
+        Some(_) => check_run_is_free_or_elastic(&mut clients, &spec.run_id).await?,
+        None => check_run_is_free(&mut clients, &spec.run_id).await?,
+    }
     Ok(clients)
 }
 
@@ -231,14 +285,25 @@ impl Attempts<'_> {
     ) -> Result<LaunchOutcome, LaunchError> {
         let spec = self.spec;
         let mut restarts = 0u32;
+        let prefix = spec.member_prefix();
+        let slots = spec.elastic.map(|e| SlotPolicy { min: e.min, max_restarts: spec.restart.max_restarts });
         loop {
             let env = spec.rank_env(self.addr, restarts, self.console.draws_progress());
-            let command = RankCommand { program: &spec.program, args: &spec.args, env: &env };
+            let command = RankCommand {
+                program: &spec.program,
+                args: &spec.args,
+                env: &env,
+                member_prefix: prefix.as_deref(),
+            };
             let watcher =
                 self.rt.spawn(watch_run(clients.rendezvous.clone(), spec.run_id.clone(), tx.clone()));
-            let attempt = supervise(spec.np, &command, spec.stop_grace, self.console, tx.clone(), rx);
+            let attempt = supervise(spec.np, &command, spec.stop_grace, self.console, tx.clone(), rx, slots);
             watcher.abort();
             let attempt = attempt?;
+            if slots.is_some() {
+                // Members leave the run themselves; slots were restarted alone.
+                return Ok(LaunchOutcome::of(&spec.run_id, attempt.restarts, &attempt));
+            }
             self.rt.block_on(leave_all(clients, &spec.run_id, &attempt));
             match spec.restart.next(restarts, &attempt) {
                 Next::Done => return Ok(LaunchOutcome::of(&spec.run_id, restarts, &attempt)),

@@ -68,7 +68,9 @@ pub use drove_metrics::metric_names;
 pub use env::{LaunchEnv, RendezvousKind, var};
 pub use error::{EnvError, LaunchError};
 pub use exit::{describe, exit_code, signal_exit_code, signal_name};
-pub use launcher::{End, LaunchOutcome, LaunchSpec, MAX_LOCAL_RANKS, check_run_id, default_run_id, launch};
+pub use launcher::{
+    ElasticLaunch, End, LaunchOutcome, LaunchSpec, MAX_LOCAL_RANKS, check_run_id, default_run_id, launch,
+};
 pub use progress::{PROGRESS_PREFIX, Progress, ProgressMode};
 pub use rank::{DEFAULT_RUN_ID, Launched, Start};
 pub use restart::RestartPolicy;

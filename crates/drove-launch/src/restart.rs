@@ -56,6 +56,7 @@ mod tests {
                 interrupted,
                 run_failed: None,
             },
+            restarts: 0,
         }
     }
 

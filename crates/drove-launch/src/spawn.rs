@@ -29,14 +29,32 @@ pub(crate) struct RankCommand<'a> {
     pub program: &'a OsString,
     pub args: &'a [OsString],
     pub env: &'a [(String, String)],
+    /// An elastic launch's member ids are this prefix and the slot
+    /// (`DROVE_MEMBER_ID`), the same for a slot's restarted process.
+    pub member_prefix: Option<&'a str>,
 }
 
-/// The ranks started so far, by process id.
+/// The ranks started so far, by process id (a restarted slot's replaces its
+/// predecessor's).
 pub(crate) struct Started {
     pub pids: Vec<u32>,
     /// Relay threads running (each sends once on `relays_done` at its end).
     pub relays: usize,
     pub relays_done: mpsc::Receiver<()>,
+    relay_tx: mpsc::Sender<()>,
+}
+
+/// Starts (or restarts) slot `rank` and watches it; its pid takes the slot's place.
+pub(crate) fn spawn_slot(
+    rank: usize,
+    command: &RankCommand<'_>,
+    console: &Arc<dyn Console>,
+    events: &mpsc::Sender<Event>,
+    started: &mut Started,
+) -> Result<(), LaunchError> {
+    let child = spawn_rank(rank, command)?;
+    let relay_tx = started.relay_tx.clone();
+    watch(rank, child, console, events, &relay_tx, started)
 }
 
 /// Starts ranks `0..np`; stops at the first that cannot start (or be
@@ -48,13 +66,9 @@ pub(crate) fn spawn_world(
     events: &mpsc::Sender<Event>,
 ) -> (Started, Option<LaunchError>) {
     let (relay_tx, relays_done) = mpsc::channel::<()>();
-    let mut started = Started { pids: Vec::with_capacity(np), relays: 0, relays_done };
+    let mut started = Started { pids: Vec::with_capacity(np), relays: 0, relays_done, relay_tx };
     for rank in 0..np {
-        let child = match spawn_rank(rank, command) {
-            Ok(c) => c,
-            Err(e) => return (started, Some(e)),
-        };
-        if let Err(e) = watch(rank, child, console, events, &relay_tx, &mut started) {
+        if let Err(e) = spawn_slot(rank, command, console, events, &mut started) {
             return (started, Some(e));
         }
     }
@@ -67,6 +81,7 @@ fn spawn_rank(rank: usize, command: &RankCommand<'_>) -> Result<Child, LaunchErr
         .envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .env(var::RANK, rank.to_string())
         .env(var::LOCAL_RANK, rank.to_string())
+        .envs(command.member_prefix.map(|p| (var::MEMBER_ID, format!("{p}slot-{rank}"))))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -109,7 +124,12 @@ fn watch(
     relay_tx: &mpsc::Sender<()>,
     started: &mut Started,
 ) -> Result<(), LaunchError> {
-    started.pids.push(child.id());
+    let fresh = rank >= started.pids.len();
+    if fresh {
+        started.pids.push(child.id());
+    } else {
+        started.pids[rank] = child.id();
+    }
     tracing::debug!("started rank {rank} as pid {}", child.id());
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
@@ -129,7 +149,10 @@ fn watch(
         });
     waiter.map(drop).map_err(|e| {
         // Without a waiter this rank would never be seen to end: kill it.
-        signal_group(started.pids.pop().expect("this rank's pid"), libc::SIGKILL);
+        signal_group(started.pids[rank], libc::SIGKILL);
+        if fresh {
+            started.pids.pop();
+        }
         LaunchError::io(format!("cannot watch rank {rank}"), e)
     })
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::console::Console;
 use crate::error::LaunchError;
 use crate::exit::{describe, exit_code, signal_name};
-use crate::spawn::{Event, RankCommand, Started, signal_group, spawn_world};
+use crate::spawn::{Event, RankCommand, Started, signal_group, spawn_slot, spawn_world};
 
 /// Why the ranks are being stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +41,8 @@ pub(crate) struct Attempt {
     pub statuses: Vec<Result<ExitStatus, String>>,
     /// Why it ended as it did.
     pub verdict: Verdict,
+    /// An elastic launch's slots started again.
+    pub restarts: u32,
 }
 
 /// What the supervisor decided while the ranks ran.
@@ -78,21 +80,44 @@ impl Attempt {
     }
 }
 
-/// Starts `np` ranks of `command` and supervises them until every one has ended.
-pub(crate) fn supervise(
+/// An elastic launch's slots: a failed one is started again alone (the
+/// others keep running), up to `max_restarts` in all; the launch succeeds if
+/// at least `min` slots end with exit 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SlotPolicy {
+    pub min: usize,
+    pub max_restarts: u32,
+}
+
+/// What a failed slot is started again with.
+struct Respawn<'a> {
+    command: &'a RankCommand<'a>,
+    console: &'a Arc<dyn Console>,
+    events: mpsc::Sender<Event>,
+    policy: SlotPolicy,
+    /// Slots whose last process failed with no restart left, with its code.
+    dropped: Vec<(usize, u8)>,
+}
+
+/// Starts `np` ranks of `command` and supervises them until every one has
+/// ended; with `slots`, an elastic launch's.
+pub(crate) fn supervise<'a>(
     np: usize,
-    command: &RankCommand<'_>,
+    command: &'a RankCommand<'a>,
     grace: Duration,
-    console: &Arc<dyn Console>,
+    console: &'a Arc<dyn Console>,
     tx: mpsc::Sender<Event>,
     rx: &mpsc::Receiver<Event>,
+    slots: Option<SlotPolicy>,
 ) -> Result<Attempt, LaunchError> {
     let (started, spawn_error) = spawn_world(np, command, console, &tx);
+    let respawn =
+        slots.map(|policy| Respawn { command, console, events: tx.clone(), policy, dropped: Vec::new() });
     drop(tx);
-    let mut world = World::new(started, grace);
+    let mut world = World::new(started, grace, respawn);
     if let Some(e) = &spawn_error {
         tracing::error!("{e}");
-        let next = world.pids.len();
+        let next = world.started.pids.len();
         world.stop(Cause::RankFailed(next));
     }
     world.wait(rx)?;
@@ -104,30 +129,32 @@ pub(crate) fn supervise(
 }
 
 /// The ranks of an attempt while they run.
-struct World {
-    pids: Vec<u32>,
+struct World<'a> {
+    started: Started,
     statuses: Vec<Option<Result<ExitStatus, String>>>,
     running: usize,
     grace: Duration,
     /// When the ranks still running after SIGTERM get SIGKILL.
     kill_at: Option<Instant>,
     verdict: Verdict,
-    relays: usize,
-    relays_done: mpsc::Receiver<()>,
+    /// An elastic launch's way to start a failed slot again.
+    respawn: Option<Respawn<'a>>,
+    /// Slots started again.
+    restarts: u32,
 }
 
-impl World {
-    fn new(started: Started, grace: Duration) -> Self {
+impl<'a> World<'a> {
+    fn new(started: Started, grace: Duration, respawn: Option<Respawn<'a>>) -> Self {
         let n = started.pids.len();
         World {
-            pids: started.pids,
+            started,
             statuses: vec![None; n],
             running: n,
             grace,
             kill_at: None,
             verdict: Verdict::default(),
-            relays: started.relays,
-            relays_done: started.relays_done,
+            respawn,
+            restarts: 0,
         }
     }
 
@@ -143,14 +170,14 @@ impl World {
             tracing::info!("stopping ranks {alive:?} {why}: SIGTERM, SIGKILL after {:?}", self.grace);
         }
         for &r in &alive {
-            signal_group(self.pids[r], libc::SIGTERM);
+            signal_group(self.started.pids[r], libc::SIGTERM);
         }
         self.kill_at = Some(Instant::now() + self.grace);
     }
 
     fn kill_all(&mut self) {
         for r in self.alive() {
-            signal_group(self.pids[r], libc::SIGKILL);
+            signal_group(self.started.pids[r], libc::SIGKILL);
         }
         self.kill_at = None;
     }
@@ -193,13 +220,43 @@ impl World {
         };
         self.statuses[rank] = Some(status);
         let Some((code, what)) = failed else { return };
-        if self.verdict.cause.is_none() {
+        if self.verdict.cause.is_none() && self.respawn.is_some() {
+            self.slot_failed(rank, code, &what);
+        } else if self.verdict.cause.is_none() {
             tracing::error!("rank {rank} {what}");
             self.verdict.first_failure = Some((rank, code));
             self.stop(Cause::RankFailed(rank));
         } else {
             tracing::info!("rank {rank} {what}");
         }
+    }
+
+    /// An elastic launch's slot failed: start it again alone while restarts
+    /// are left (the others keep running); else the others go on without it.
+    fn slot_failed(&mut self, rank: usize, code: u8, what: &str) {
+        let respawn = self.respawn.as_mut().expect("an elastic launch");
+        let limit = respawn.policy.max_restarts;
+        if self.restarts < limit {
+            self.restarts += 1;
+            tracing::warn!(
+                "rank {rank} {what}: starting its slot again alone ({} of {limit} restarts)",
+                self.restarts
+            );
+            let (command, console) = (respawn.command, respawn.console);
+            match spawn_slot(rank, command, console, &respawn.events, &mut self.started) {
+                Ok(()) => {
+                    self.statuses[rank] = None;
+                    self.running += 1;
+                    return;
+                }
+                Err(e) => tracing::error!("cannot start slot {rank} again: {e}"),
+            }
+        } else {
+            tracing::error!(
+                "rank {rank} {what}: no restart left (--max-restarts {limit}); the others go on without it"
+            );
+        }
+        respawn.dropped.push((rank, code));
     }
 
     fn run_failed(&mut self, why: String) {
@@ -227,8 +284,9 @@ impl World {
     /// still holds them. Waits for the relays to drain, but not for such strays.
     fn drain_relays(&self) {
         let drain_until = Instant::now() + Duration::from_secs(2);
-        for _ in 0..self.relays {
-            if self.relays_done.recv_timeout(drain_until.saturating_duration_since(Instant::now())).is_err() {
+        for _ in 0..self.started.relays {
+            let left = drain_until.saturating_duration_since(Instant::now());
+            if self.started.relays_done.recv_timeout(left).is_err() {
                 tracing::warn!(
                     "a rank's output is still held open by a process it started; not waiting for it"
                 );
@@ -238,9 +296,20 @@ impl World {
     }
 
     fn into_attempt(self) -> Attempt {
-        Attempt {
-            statuses: self.statuses.into_iter().map(|s| s.expect("every rank ended")).collect(),
-            verdict: self.verdict,
+        let statuses: Vec<_> = self.statuses.into_iter().map(|s| s.expect("every rank ended")).collect();
+        let mut verdict = self.verdict;
+        if let Some(respawn) = self.respawn {
+            let succeeded = statuses.iter().filter(|s| s.as_ref().is_ok_and(ExitStatus::success)).count();
+            if succeeded < respawn.policy.min {
+                verdict.first_failure = verdict.first_failure.or(respawn.dropped.first().copied());
+            } else if !respawn.dropped.is_empty() {
+                tracing::warn!(
+                    "slots {:?} failed for good; {succeeded} slots finished the run (at least {})",
+                    respawn.dropped.iter().map(|d| d.0).collect::<Vec<_>>(),
+                    respawn.policy.min
+                );
+            }
         }
+        Attempt { statuses, verdict, restarts: self.restarts }
     }
 }

@@ -158,6 +158,8 @@ fn fit_ner<B: AutodiffBackend>(
             fit.run(&loader)?;
         }
     }
+    // An elastic run ends in the world it has then.
+    let world = fit.replica.comm().world_size();
     let summary = fit.totals.summary(world, fit.state.global_step, fit.evaluations, fit.last_checkpoint);
     write_outputs(opts, comm, &timeline, &summary)?;
     Ok(summary)

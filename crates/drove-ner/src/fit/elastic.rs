@@ -130,6 +130,7 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             cause: cause.to_string(),
             seconds: started.elapsed().as_secs_f64(),
         };
+        self.observer.reformed(&report);
         self.observer.note(&format!(
             "generation {}: rank {} of {} from step {} (epoch {}, {} samples of it applied; state from rank {}) \
              after {:.1} s: {}",
@@ -143,7 +144,6 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             report.seconds,
             report.cause
         ));
-        self.observer.reformed(&report);
         Ok(())
     }
 }

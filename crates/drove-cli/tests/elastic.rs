@@ -1,0 +1,134 @@
+//! Elastic runs (`drove train ner --world MIN:MAX`): real `drove-coordinator`
+//! and `drove` processes on loopback, MiniLM on a slice of CoNLL-2003.
+//!
+//! Four members start; the fourth SIGKILLs itself after step 10. The other
+//! three re-form at world 3 and finish with exit 0: the samples trace shows
+//! every position of the epoch applied exactly once, the (sample, mask hash)
+//! pairs equal those of the same run uninterrupted, and test F1 is within
+//! one point of it. The coordinator lists the two generations, the first
+//! ended by the lost member's closed connection.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
+
+use common::{DROVE, Proc, assets, coordinator, free_port};
+
+/// How long one run may take here.
+const DEADLINE: Duration = Duration::from_secs(400);
+/// Training sentences: 10 steps of 4 ranks x 2 rows, then 14 of 3 x 2 (the last one padded).
+const SENTENCES: usize = 160;
+
+/// One member of run `run_id`: `drove train ner --world 3:4`, killing itself
+/// after step 10 if `fail`.
+fn member(addr: &str, run_id: &str, id: usize, dir: &Path, fail: bool) -> Proc {
+    let a = assets();
+    let mut cmd = Command::new(DROVE);
+    cmd.args([
+        "train",
+        "ner",
+        "--world",
+        "3:4",
+        "--bucket-window",
+        "0",
+        "--batch-size",
+        "2",
+        "--epochs",
+        "1",
+    ])
+    .args(["--max-train-sentences", &SENTENCES.to_string(), "--eval", "test", "--max-eval-sentences"])
+    .args(["200", "--workers", "1", "--log-every", "1", "--dropout", "0", "--json", "--data"])
+    .arg(a.join("conll2003"))
+    .arg("--model")
+    .arg(a.join("minilm"))
+    .arg("--out")
+    .arg(dir.join(format!("out-{id}")))
+    .arg("--trace-samples")
+    .arg(dir.join("trace.jsonl"))
+    .env("DROVE_COORDINATOR", addr)
+    .env("DROVE_RUN_ID", run_id)
+    .env("DROVE_MEMBER_ID", format!("m{id}"))
+    .env("RUST_LOG", "warn");
+    if fail {
+        // The fourth to join is rank 3 of generation 1.
+        cmd.args(["--fail-at-step", "10", "--rank-to-fail", "3"]);
+    }
+    Proc::spawn(&mut cmd)
+}
+
+/// What a run left: each member's exit, the summary rank 0 printed, and the
+/// trace's (sample, mask hash) pairs with how often each sample was applied.
+struct Outcome {
+    exits: Vec<ExitStatus>,
+    summary: serde_json::Value,
+    pairs: BTreeMap<usize, u64>,
+    applied: BTreeMap<usize, usize>,
+    generations: Vec<(u64, usize)>,
+    stderr: String,
+}
+
+fn run(dir: &Path, run_id: &str, fail: bool) -> Outcome {
+    let port = free_port();
+    let _coordinator = coordinator(port, &dir.join("store"), &[]);
+    let addr = format!("127.0.0.1:{port}");
+    let members: Vec<Proc> = (0..4).map(|id| member(&addr, run_id, id, dir, fail)).collect();
+    let (mut exits, mut summary, mut stderr) = (Vec::new(), serde_json::Value::Null, String::new());
+    for m in members {
+        let (status, out, err) = m.finish(DEADLINE);
+        exits.push(status);
+        stderr.push_str(&err);
+        if let Some(json) = out.iter().find(|l| l.starts_with('{')) {
+            summary = serde_json::from_str(json).expect("the summary is JSON");
+        }
+    }
+    let (mut pairs, mut applied, mut generations) = (BTreeMap::new(), BTreeMap::new(), Vec::new());
+    let trace = std::fs::read_to_string(dir.join("trace.jsonl")).expect("the trace was written");
+    for line in trace.lines() {
+        let line: drove_ner::TraceLine = serde_json::from_str(line).expect("a trace line");
+        generations.push((line.generation, line.world));
+        for (sample, hash) in line.samples {
+            *applied.entry(sample).or_insert(0) += 1;
+            pairs.insert(sample, hash);
+        }
+    }
+    generations.sort_unstable();
+    generations.dedup();
+    Outcome { exits, summary, pairs, applied, generations, stderr }
+}
+
+#[test]
+fn a_rank_killed_at_step_10_costs_one_step_and_the_others_finish_at_world_3() {
+    let (whole, killed) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let reference = run(whole.path(), "whole", false);
+    assert!(reference.exits.iter().all(ExitStatus::success), "{}", reference.stderr);
+    assert_eq!(reference.generations, [(1, 4)], "one world of 4 throughout");
+
+    let outcome = run(killed.path(), "killed", true);
+    let failed: Vec<_> = outcome.exits.iter().filter(|s| !s.success()).collect();
+    assert_eq!(failed.len(), 1, "only the killed member fails: {:?}\n{}", outcome.exits, outcome.stderr);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(failed[0]),
+        Some(libc::SIGKILL),
+        "{}",
+        outcome.stderr
+    );
+    assert_eq!(outcome.generations, [(1, 4), (2, 3)], "steps at world 4, then at world 3");
+    // Every position of the epoch applied exactly once, across the re-form.
+    assert_eq!(outcome.applied.keys().copied().collect::<Vec<_>>(), (0..SENTENCES).collect::<Vec<_>>());
+    assert!(outcome.applied.values().all(|&n| n == 1), "a sample applied twice: {:?}", outcome.applied);
+    // Per-sample streams: the same masks whichever rank of whichever world drew them.
+    assert_eq!(outcome.pairs, reference.pairs, "(sample, mask hash) pairs of the uninterrupted run");
+    let f1 =
+        |o: &Outcome| o.summary["test_f1"].as_f64().unwrap_or_else(|| panic!("no test F1: {}", o.summary));
+    let (f_ref, f_killed) = (f1(&reference), f1(&outcome));
+    assert!((f_ref - f_killed).abs() <= 0.01, "test F1 {f_killed} vs {f_ref} uninterrupted");
+    assert_eq!(outcome.summary["world_size"], 3, "{}", outcome.summary);
+    assert!(
+        outcome.stderr.contains("generation 2: rank 0 of 3 from step 10"),
+        "the new world starts from the last applied step:\n{}",
+        outcome.stderr
+    );
+}
