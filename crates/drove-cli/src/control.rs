@@ -556,6 +556,53 @@ mod tests {
     }
 
     #[test]
+    fn a_forming_generation_lists_its_joined_members_and_an_ended_one_why() {
+        use drove_proto::v1::{GenerationEnd, GenerationMember};
+        let member = |id: &str, rank: i32| GenerationMember {
+            member_id: id.into(),
+            rank,
+            host: "h".into(),
+            address: "h:1".into(),
+        };
+        let forming = Generation {
+            number: 3,
+            state: GenerationState::Forming.into(),
+            members: vec![member("a", -1), member("n", -1)],
+            first_step: 7,
+            ..Generation::default()
+        };
+        assert_eq!(
+            generation_lines(&forming),
+            ["    generation 3  forming  2 member(s) joined  after step 7", "      members: a (h), n (h)"]
+        );
+        let ended = Generation {
+            number: 2,
+            state: GenerationState::Ended.into(),
+            members: vec![member("a", 0)],
+            world_size: 1,
+            first_step: 5,
+            last_step: 7,
+            end: Some(GenerationEnd {
+                kind: EndKind::MemberAdded.into(),
+                members: vec!["n".into()],
+                detail: String::new(),
+            }),
+            ..Generation::default()
+        };
+        assert_eq!(
+            generation_lines(&ended),
+            [
+                "    generation 2  ended  world 1  steps 5..7",
+                "      members: a (rank 0, h)",
+                "      ended by member-added (added: n)"
+            ]
+        );
+        let json = generation_json(&ended);
+        assert_eq!(json["end"], json!({"kind": "member-added", "members": ["n"], "detail": ""}));
+        assert_eq!((&json["state"], &json["members"][0]["rank"]), (&json!("ended"), &json!(0)));
+    }
+
+    #[test]
     fn aggregations_parse_by_name() {
         for (s, a) in [("raw", Aggregation::Raw), ("mean", Aggregation::Mean), ("count", Aggregation::Count)]
         {

@@ -1,6 +1,7 @@
 //! `drove run`, `drove check`, `drove coordinator`, `drove metrics`, `drove runs`
 //! (with the generations of an elastic run) and `drove bench coordinator`, as
-//! real processes talking to real coordinators on loopback. Every wait has a deadline; nothing waits by sleeping.
+//! real processes talking to real coordinators on loopback. Every wait has a
+//! deadline; nothing waits by sleeping.
 
 mod common;
 
