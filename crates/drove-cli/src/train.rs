@@ -182,6 +182,11 @@ impl Observer for Reporter {
         }
         // Rank 0 of each world shows the progress (the first world's may be gone).
         self.progress.rank = r.rank;
+        // Every member says where it is: the launcher prefixes its slot.
+        eprintln!(
+            "generation {}: this member is rank {} of {} at step {}, state {:016x}",
+            r.generation, r.rank, r.world_size, r.step, r.fingerprint
+        );
     }
 
     fn note(&mut self, message: &str) {

@@ -132,3 +132,127 @@ fn a_rank_killed_at_step_10_costs_one_step_and_the_others_finish_at_world_3() {
         outcome.stderr
     );
 }
+
+/// `drove run ... -- drove train ner` of a short elastic fine-tune (no
+/// evaluation), `sentences` sentences in batches of 2, tracing its samples.
+fn launch(launcher: &[&str], sentences: usize, dir: &Path, rank_args: &[&str]) -> Proc {
+    let a = assets();
+    let mut cmd = Command::new(DROVE);
+    cmd.arg("run")
+        .args(launcher)
+        .args(["--stop-grace-secs", "2", "--"])
+        .arg(DROVE)
+        .args(["train", "ner", "--bucket-window", "0", "--batch-size", "2", "--epochs", "1", "--eval", ""])
+        .args(["--max-train-sentences", &sentences.to_string(), "--workers", "1", "--log-every", "1"])
+        .args(["--dropout", "0", "--reform-check-every", "2", "--data"])
+        .arg(a.join("conll2003"))
+        .arg("--model")
+        .arg(a.join("minilm"))
+        .arg("--out")
+        .arg(dir.join("out"))
+        .arg("--trace-samples")
+        .arg(dir.join("trace.jsonl"))
+        .args(rank_args)
+        .env("RUST_LOG", "warn");
+    Proc::spawn(&mut cmd)
+}
+
+/// The trace's (generation, world) pairs, and how often each sample was applied.
+fn traced(dir: &Path) -> (Vec<(u64, usize)>, BTreeMap<usize, usize>) {
+    let (mut worlds, mut applied) = (Vec::new(), BTreeMap::new());
+    let trace = std::fs::read_to_string(dir.join("trace.jsonl")).expect("the trace was written");
+    for line in trace.lines() {
+        let line: drove_ner::TraceLine = serde_json::from_str(line).expect("a trace line");
+        worlds.push((line.generation, line.world));
+        for (sample, _) in line.samples {
+            *applied.entry(sample).or_insert(0) += 1;
+        }
+    }
+    worlds.sort_unstable();
+    worlds.dedup();
+    (worlds, applied)
+}
+
+/// Each member's "generation G: this member is rank R of W at step S, state F"
+/// lines for generation `generation`: (rank, world, step, fingerprint).
+fn joined(stderr: &str, generation: u64) -> Vec<(usize, usize, u64, String)> {
+    let want = format!("generation {generation}: this member is rank ");
+    let mut seen: Vec<_> = stderr
+        .lines()
+        .filter_map(|l| l.split_once(&want).map(|(_, rest)| rest.to_string()))
+        .map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            // "R of W at step S, state F"
+            let number = |i: usize| words[i].trim_end_matches(',').parse::<u64>().expect("a number");
+            (number(0) as usize, number(2) as usize, number(5), words[7].to_string())
+        })
+        .collect();
+    seen.sort();
+    seen
+}
+
+/// Waits for rank 0's line `step N/` on `run`'s stderr.
+fn wait_for_step(run: &mut Proc, step: u64) {
+    let want = format!("[0] step {step}/");
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        match run.stderr.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
+            Ok(l) => {
+                let hit = l.starts_with(&want);
+                run.err.push(l);
+                if hit {
+                    return;
+                }
+            }
+            Err(e) => panic!("no {want:?} ({e:?}):\n{}", run.err.join("\n")),
+        }
+    }
+}
+
+#[test]
+fn under_drove_run_a_failed_slot_starts_again_alone_and_joins_the_running_world() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let launcher = ["--np", "4", "--min-np", "3", "--max-restarts", "1", "--store", store.to_str().unwrap()];
+    let run = launch(&launcher, 160, dir.path(), &["--fail-at-step", "5", "--rank-to-fail", "3"]);
+    let (status, _, stderr) = run.finish(DEADLINE);
+    assert!(status.success(), "the survivors and the restarted slot finish the run:\n{stderr}");
+    let (worlds, applied) = traced(dir.path());
+    assert_eq!(worlds, [(1, 4), (2, 3), (3, 4)], "4, then 3 without the slot, then 4 again:\n{stderr}");
+    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..160).collect::<Vec<_>>());
+    assert!(applied.values().all(|&n| n == 1), "a sample applied twice: {applied:?}");
+    // Right after the join every member holds the same state, at one step.
+    let members = joined(&stderr, 3);
+    assert_eq!(
+        members.iter().map(|m| (m.0, m.1)).collect::<Vec<_>>(),
+        [(0, 4), (1, 4), (2, 4), (3, 4)],
+        "{stderr}"
+    );
+    assert!(members.iter().all(|m| m.2 == members[0].2 && m.3 == members[0].3), "{members:?}");
+    assert!(members[0].2 > 5, "the slot joined after the step it failed at: {members:?}");
+}
+
+#[test]
+fn a_run_of_2_grows_to_4_when_a_second_drove_run_adds_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
+    let addr = format!("127.0.0.1:{port}");
+    let launcher =
+        ["--np", "2", "--min-np", "2", "--max-np", "4", "--coordinator", &addr, "--run-id", "grow"];
+    let mut first = launch(&launcher, 200, dir.path(), &[]);
+    wait_for_step(&mut first, 3);
+    let second = launch(&launcher, 200, dir.path(), &[]);
+    let (status, _, stderr) = second.finish(DEADLINE);
+    assert!(status.success(), "the added ranks finish with the run:\n{stderr}");
+    let (status, _, first_err) = first.finish(DEADLINE);
+    assert!(status.success(), "{first_err}");
+    let (worlds, applied) = traced(dir.path());
+    assert_eq!(worlds, [(1, 2), (2, 4)], "2 ranks, then 4 from a step boundary on");
+    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..200).collect::<Vec<_>>());
+    assert!(applied.values().all(|&n| n == 1), "a sample applied twice: {applied:?}");
+    let all = format!("{first_err}\n{stderr}");
+    let members = joined(&all, 2);
+    assert_eq!(members.len(), 4, "{all}");
+    assert!(members.iter().all(|m| m.1 == 4 && m.2 == members[0].2 && m.3 == members[0].3), "{members:?}");
+}

@@ -28,6 +28,7 @@ pub struct ElasticComm {
     member: MemberId,
     range: WorldRange,
     settle: Duration,
+    rendezvous_timeout: Duration,
     opts: CommOptions,
     /// The current world's communicator; `None` between worlds.
     current: RwLock<Option<Communicator>>,
@@ -54,7 +55,14 @@ pub struct Membership {
     pub range: WorldRange,
     /// How long a forming world waits for more members after its minimum.
     pub settle: Duration,
+    /// How long a member waits for its next world to form (below MIN that
+    /// long, the join fails naming the lost members).
+    pub rendezvous_timeout: Duration,
 }
+
+/// How long a member waits for a world by default (the coordinator's own
+/// join timeout).
+pub const DEFAULT_RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl ElasticComm {
     /// Joins the elastic run of `rendezvous` (its coordinator, run id and
@@ -72,6 +80,7 @@ impl ElasticComm {
             member: membership.member,
             range: membership.range,
             settle: membership.settle,
+            rendezvous_timeout: membership.rendezvous_timeout,
             opts,
             current: RwLock::new(None),
             world: Mutex::new(World { generation: 0, place: Place::SINGLE, members: Vec::new() }),
@@ -97,13 +106,14 @@ impl ElasticComm {
 
     /// Joins the generation after `after` and connects to its peers.
     fn form(&self, after: u64, step: u64, cause: Option<&ReformCause>) -> Result<World, CommError> {
-        let deadline = Instant::now() + self.opts.connect_timeout;
         let bind = self.rendezvous.bind;
         let listener = TcpListener::bind(bind).map_err(|e| CommError::io(format!("binding {bind}"), e))?;
         let local = listener.local_addr().map_err(|e| CommError::io("reading the listener's address", e))?;
         let join =
             ElasticJoin { member: &self.member, range: self.range, settle: self.settle, after, step, cause };
-        let (table, world) = self.rendezvous.join_elastic(&join, local, deadline)?;
+        let joined = Instant::now() + self.rendezvous_timeout;
+        let (table, world) = self.rendezvous.join_elastic(&join, local, joined)?;
+        let deadline = Instant::now() + self.opts.connect_timeout;
         let comm = Communicator::with_table(listener, &table, world.generation, &self.opts, deadline)?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(comm);
         self.beat.generation.store(world.generation, Ordering::SeqCst);

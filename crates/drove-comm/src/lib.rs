@@ -58,7 +58,7 @@ pub use coordinator::CoordinatorRendezvous;
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use elastic::{Elastic, Loss, MemberId, ReformCause, World, WorldRange};
 #[cfg(feature = "coordinator")]
-pub use elastic_comm::{DEFAULT_SETTLE, ElasticComm, Membership};
+pub use elastic_comm::{DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership};
 pub use error::CommError;
 pub use half::{bf16, f16};
 pub use place::{Place, PlaceError, Rank, WorldSize};

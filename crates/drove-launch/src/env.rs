@@ -53,6 +53,9 @@ pub mod var {
     /// How long a forming elastic world waits for more members after its
     /// minimum, in seconds (default 2).
     pub const SETTLE_SECS: &str = "DROVE_SETTLE_SECS";
+    /// How long an elastic member waits for its next world to form, in
+    /// seconds (default 600); below MIN that long, the run fails.
+    pub const RENDEZVOUS_TIMEOUT_SECS: &str = "DROVE_RENDEZVOUS_TIMEOUT_SECS";
 }
 
 /// How the ranks find each other.
@@ -101,6 +104,8 @@ pub struct LaunchEnv {
     pub job_index: Option<usize>,
     /// `DROVE_SETTLE_SECS`, if set.
     pub settle: Option<Duration>,
+    /// `DROVE_RENDEZVOUS_TIMEOUT_SECS`, if set.
+    pub rendezvous_timeout: Option<Duration>,
 }
 
 impl LaunchEnv {
@@ -154,6 +159,7 @@ impl LaunchEnv {
             member_id: read.text(var::MEMBER_ID),
             job_index: read.number(var::JOB_COMPLETION_INDEX)?,
             settle: read.seconds(var::SETTLE_SECS)?,
+            rendezvous_timeout: read.seconds(var::RENDEZVOUS_TIMEOUT_SECS)?,
         })
     }
 

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use drove_comm::{
-    Collective, CommOptions, Communicator, CoordinatorRendezvous, DEFAULT_SETTLE, ElasticComm, MemberId,
-    Membership, RankRequest, SingleProcess, WorldRange,
+    Collective, CommOptions, Communicator, CoordinatorRendezvous, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE,
+    ElasticComm, MemberId, Membership, RankRequest, SingleProcess, WorldRange,
 };
 use drove_metrics::{Delivery, MetricsRecorder, RecorderOptions};
 
@@ -46,7 +46,8 @@ impl LaunchEnv {
     /// (`DROVE_ELASTIC`, unless given), joined through the coordinator
     /// (`DROVE_COORDINATOR`, required), as member `DROVE_MEMBER_ID` (else the
     /// Indexed Job's index, else the launcher's slot `DROVE_RANK`, else the
-    /// host and process id), its worlds settling for `DROVE_SETTLE_SECS`.
+    /// host and process id), its worlds settling for `DROVE_SETTLE_SECS` and
+    /// each waited for at most `DROVE_RENDEZVOUS_TIMEOUT_SECS`.
     pub fn elastic(&self, range: Option<WorldRange>) -> Result<ElasticComm, LaunchError> {
         let range = range.or(self.elastic).ok_or_else(|| {
             LaunchError::Spec(format!(
@@ -67,6 +68,7 @@ impl LaunchEnv {
             member: MemberId::new(self.member())?,
             range,
             settle: self.settle.unwrap_or(DEFAULT_SETTLE),
+            rendezvous_timeout: self.rendezvous_timeout.unwrap_or(DEFAULT_RENDEZVOUS_TIMEOUT),
         };
         Ok(ElasticComm::join(rendezvous, membership, CommOptions::from_env()?)?)
     }

@@ -32,6 +32,7 @@
 #![deny(missing_docs)]
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -252,6 +253,10 @@ impl Shared {
     }
 }
 
+fn wire_rank(rank: usize) -> i32 {
+    i32::try_from(rank).unwrap_or(i32::MAX)
+}
+
 /// Records metric points of one rank of one run and delivers them to a
 /// coordinator from a background thread (see the crate docs).
 pub struct MetricsRecorder {
@@ -260,7 +265,8 @@ pub struct MetricsRecorder {
     addr: String,
     token: Option<String>,
     run_id: String,
-    rank: i32,
+    /// The rank points go under (an elastic member's changes with its world).
+    rank: AtomicI32,
     options: RecorderOptions,
 }
 
@@ -269,7 +275,7 @@ impl std::fmt::Debug for MetricsRecorder {
         f.debug_struct("MetricsRecorder")
             .field("addr", &self.addr)
             .field("run_id", &self.run_id)
-            .field("rank", &self.rank)
+            .field("rank", &self.rank.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -303,9 +309,16 @@ impl MetricsRecorder {
             addr: addr.to_string(),
             token: token.map(str::to_string),
             run_id: run_id.to_string(),
-            rank: i32::try_from(rank).unwrap_or(i32::MAX),
+            rank: AtomicI32::new(wire_rank(rank)),
             options,
         })
+    }
+
+    /// Records later points and events as `rank`: an elastic run's member
+    /// takes a new rank in each world, and (run, rank, name, step) must stay
+    /// one point (within a world ranks are unique, and steps only go on).
+    pub fn set_rank(&self, rank: usize) {
+        self.rank.store(wire_rank(rank), Ordering::Relaxed);
     }
 
     /// Records `name = value` at `step`; never blocks on the network.
@@ -315,7 +328,7 @@ impl MetricsRecorder {
             .map_or(0, |d| d.as_millis() as i64);
         let point = MetricPoint {
             run_id: self.run_id.clone(),
-            rank: self.rank,
+            rank: self.rank.load(Ordering::Relaxed),
             step,
             name: name.to_string(),
             value,
@@ -351,7 +364,7 @@ impl MetricsRecorder {
             .map_err(|e| err(format!("cannot start a runtime: {e}")))?;
         let event = drove_proto::v1::RunEvent {
             run_id: self.run_id.clone(),
-            rank: self.rank,
+            rank: self.rank.load(Ordering::Relaxed),
             step,
             kind: kind.to_string(),
             message: message.to_string(),

@@ -246,8 +246,10 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             message: format!("not the state of a NER fine-tune ({e})"),
         })?;
         let fresh = &self.state;
+        // An elastic run resumes at any world size: its progress is a position.
+        let world = if self.elastic.is_some() { fresh.world_size } else { s.world_size };
         for (what, theirs, ours) in [
-            ("world size", s.world_size as u64, fresh.world_size as u64),
+            ("world size", world as u64, fresh.world_size as u64),
             ("batch size", s.batch_size as u64, fresh.batch_size as u64),
             ("training sentences", s.train_sentences as u64, fresh.train_sentences as u64),
             ("seed", s.seed, fresh.seed),

@@ -86,8 +86,11 @@ impl Observer for MetricsObserver {
         self.record(r.step, metric_names::GENERATION, r.generation as f64);
     }
 
-    /// The event once per world, from its rank 0.
+    /// Later points go under the member's new rank; the event once per
+    /// world, from its rank 0.
     fn reformed(&mut self, r: &ReformReport) {
+        self.rank = r.rank;
+        self.recorder.set_rank(r.rank);
         if r.rank == 0 {
             let message = format!(
                 "generation {}: {} rank(s) from step {} (state from rank {}, sent to {:?}) after {:.1} s; the last world ended: {}",

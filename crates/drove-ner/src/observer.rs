@@ -46,6 +46,9 @@ pub struct ReformReport {
     pub source: usize,
     /// The ranks that were behind (new joiners) and took it.
     pub behind: Vec<usize>,
+    /// The fingerprint of parameters, moments and step every member holds
+    /// now (equal on every member, or the resync failed).
+    pub fingerprint: u64,
     /// Why the last world ended.
     pub cause: String,
     /// Seconds from the failure (or the decision to re-form) to the new

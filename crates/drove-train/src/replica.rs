@@ -559,6 +559,19 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         Ok(Some(dir))
     }
 
+    /// Writes a checkpoint as [`Replica::save`] does, from this rank alone,
+    /// without meeting the others: for a member whose world is gone (an
+    /// elastic run below its minimum), so the run can be resumed.
+    pub fn save_alone<S: serde::Serialize>(
+        &self,
+        root: &Path,
+        state: &S,
+        keep: usize,
+    ) -> Result<PathBuf, TrainError> {
+        let (params, optim) = self.placement.host_state(self.model())?;
+        Ok(checkpoint::save(root, &params, &optim, state, &[], keep)?)
+    }
+
     /// Resumes from the checkpoint in `dir`: every rank reads it (so `dir` must
     /// be a folder every rank sees), then the ranks compare what they loaded
     /// (a fingerprint of parameters, moments and step) and all fail together,

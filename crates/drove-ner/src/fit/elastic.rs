@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
-use drove_comm::{CommError, Elastic, Loss, ReformCause};
+use drove_comm::{CommError, Elastic, Loss, ReformCause, World};
 use drove_train::TrainError;
 
 use super::Fit;
@@ -102,11 +102,33 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
     fn reform(&mut self, elastic: &dyn Elastic, mut cause: ReformCause) -> Result<(), NerError> {
         let started = Instant::now();
         loop {
-            elastic.reform(self.replica.steps(), &cause)?;
+            let last = elastic.world();
+            if let Err(e) = elastic.reform(self.replica.steps(), &cause) {
+                self.checkpoint_alone(&last, &e);
+                return Err(e.into());
+            }
             match self.resync(elastic, &cause.to_string(), started) {
                 Ok(()) => return Ok(()),
                 Err(e) => cause = self.loss_of(elastic, e)?,
             }
+        }
+    }
+
+    /// The next world did not form (below MIN, or this member was left
+    /// out): rank 0 of the last world writes a checkpoint on its own, so the
+    /// run can be resumed (`--resume`) from where it stood.
+    fn checkpoint_alone(&mut self, last: &World, error: &CommError) {
+        if last.place.rank().get() != 0 || matches!(error, CommError::LeftOut(_)) {
+            return;
+        }
+        match self.replica.save_alone(&self.root, &self.state, 2) {
+            Ok(dir) => {
+                self.observer.note(&format!("the world could not re-form; checkpoint {}", dir.display()));
+                self.last_checkpoint = Some(dir);
+            }
+            Err(e) => self
+                .observer
+                .note(&format!("the world could not re-form, nor the checkpoint be written: {e}")),
         }
     }
 
@@ -127,6 +149,7 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             step: resynced.step,
             source: resynced.source,
             behind: resynced.behind,
+            fingerprint: resynced.fingerprint,
             cause: cause.to_string(),
             seconds: started.elapsed().as_secs_f64(),
         };
