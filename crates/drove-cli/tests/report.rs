@@ -145,6 +145,7 @@ fn assert_other_charts(report: &Value, store: &Store) {
         ("grad_cosine", "grad_cosine", "gradient cosine"),
         ("mask_agreement", "mask_agreement", "agreement across ranks"),
         ("mask_agreement", "mask_agreement_expected", "independent masks: p^2+(1-p)^2"),
+        ("world_size", "world_size", "ranks"),
     ] {
         let s = series(chart(report, id), label);
         let (steps, values) = stored(store, name, Agg::Mean);
@@ -285,7 +286,16 @@ fn reports_a_run_while_it_goes_and_after_from_the_store_and_over_grpc() {
     assert_eq!(last["run"]["events"][0]["kind"], "options");
     let ids: Vec<&str> =
         last["charts"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
-    let want = ["loss", "mask_agreement", "eval_valid", "grad_cosine", "lr", "grad_norm", "sentences_per_s"];
+    let want = [
+        "loss",
+        "mask_agreement",
+        "eval_valid",
+        "grad_cosine",
+        "lr",
+        "grad_norm",
+        "sentences_per_s",
+        "world_size",
+    ];
     assert_eq!(ids, want);
     assert_prefix(&live, &last);
 

@@ -31,6 +31,9 @@ pub enum Kind {
     Markers,
     /// A shaded band between `low` and `y`.
     Band,
+    /// A vertical line across the plot at each x (when something happened to
+    /// the run: its world re-formed); `y` is empty.
+    Rule,
 }
 
 /// One series of a chart.
@@ -150,14 +153,18 @@ fn chart(id: &str, title: &str, x_label: &str, y_label: &str, series: Vec<Series
     }
 }
 
-/// Every chart the run's points allow, in page order: loss, mask agreement,
-/// each evaluated set, gradient cosine, learning rate, gradient norm,
-/// throughput (the story's charts first). A chart without points is left out.
+/// The label of the loss chart's rules where the world re-formed.
+pub const REFORMED: &str = "world re-formed";
+
+/// Every chart the run's points allow, in page order: loss (with a rule at
+/// each `reform` event's step), mask agreement, each evaluated set, gradient
+/// cosine, learning rate, gradient norm, throughput, world size (the story's
+/// charts first). A chart without points is left out.
 pub fn build(run: &RunData) -> Vec<Chart> {
     let names = by_name(&run.points);
     let stats = |name: &str| names.get(name).map(|p| per_step(p)).unwrap_or_default();
     let mut charts = Vec::new();
-    charts.extend(loss(&stats(metric::LOSS)));
+    charts.extend(loss(&stats(metric::LOSS), &reforms(run)));
     charts.extend(mask_agreement(&stats));
     charts.extend(evaluations(&names, &stats(metric::EPOCH)));
     charts.extend(grad_cosine(&stats(metric::GRAD_COSINE)));
@@ -171,11 +178,37 @@ pub fn build(run: &RunData) -> Vec<Chart> {
             charts.push(chart(id, title, "step", y, vec![line(label, Kind::Line, 0, &s)]));
         }
     }
+    charts.extend(world_size(&stats(metric::WORLD_SIZE)));
     charts
 }
 
-/// The mean loss across ranks in its min-max band.
-fn loss(loss: &[StepStats]) -> Option<Chart> {
+/// The steps of the run's `reform` events (the last step applied before
+/// each new world), ascending, each once.
+fn reforms(run: &RunData) -> Vec<f64> {
+    let mut steps: Vec<f64> =
+        run.events.iter().filter(|e| e.kind == metric::event::REFORM).map(|e| e.step).collect();
+    steps.sort_by(f64::total_cmp);
+    steps.dedup();
+    steps
+}
+
+/// The ranks that took each step (the mean across them: every rank of a
+/// world records the same), from 0 up.
+fn world_size(ranks: &[StepStats]) -> Option<Chart> {
+    let most = ranks.iter().map(|s| s.max).fold(f64::NEG_INFINITY, f64::max);
+    if !most.is_finite() {
+        return None;
+    }
+    let mut c =
+        chart(metric::WORLD_SIZE, "World size", "step", "ranks", vec![line("ranks", Kind::Line, 2, ranks)]);
+    c.legend_low = true;
+    c.y_range = Some((0.0, most + 1.0));
+    Some(c)
+}
+
+/// The mean loss across ranks in its min-max band, and a rule at each step
+/// of `reformed` (where the world changed).
+fn loss(loss: &[StepStats], reformed: &[f64]) -> Option<Chart> {
     if loss.is_empty() {
         return None;
     }
@@ -183,7 +216,19 @@ fn loss(loss: &[StepStats]) -> Option<Chart> {
     band.y = loss.iter().map(|s| s.max).collect();
     band.low = Some(loss.iter().map(|s| s.min).collect());
     let mean = line("mean across ranks", Kind::Line, 0, loss);
-    Some(chart(metric::LOSS, "Training loss", "step", "loss", vec![band, mean]))
+    let mut series = vec![band, mean];
+    if !reformed.is_empty() {
+        let x = reformed.to_vec();
+        series.push(Series {
+            label: REFORMED.into(),
+            kind: Kind::Rule,
+            color: 3,
+            x,
+            y: Vec::new(),
+            low: None,
+        });
+    }
+    Some(chart(metric::LOSS, "Training loss", "step", "loss", series))
 }
 
 /// The gradient cosine of each diagnosed step.
@@ -456,7 +501,13 @@ impl Series {
         let color = PALETTE[self.color % PALETTE.len()];
         let points: Vec<(f64, f64)> = self.x.iter().copied().zip(self.y.iter().copied()).collect();
         let band = self.kind == Kind::Band;
-        let legend = if band {
+        let legend = if self.kind == Kind::Rule {
+            let ys = chart.y_range();
+            let style = color.stroke_width(2);
+            chart.draw_series(
+                self.x.iter().map(|&x| PathElement::new(vec![(x, ys.start), (x, ys.end)], style)),
+            )?
+        } else if band {
             let low = self.low.as_deref().unwrap_or(&[]);
             let mut outline = points;
             outline.extend(self.x.iter().copied().zip(low.iter().copied()).rev());
@@ -567,6 +618,54 @@ mod tests {
         assert!(svg.contains("<svg") && svg.contains("Training loss"), "{svg}");
         let png = chart.png().unwrap();
         assert_eq!(&png[1..4], b"PNG");
+    }
+
+    #[test]
+    fn an_elastic_run_gets_its_world_size_and_a_rule_on_the_loss_at_each_reform() {
+        let mut points = Vec::new();
+        // Generation 1: ranks 0-2 for steps 1-2; generation 2: ranks 0-1 from step 3.
+        for (step, world) in [(1.0, 3), (2.0, 3), (3.0, 2), (4.0, 2)] {
+            for rank in 0..world {
+                points.push(p("loss", step, rank, 2.0 - step / 10.0));
+                points.push(p("world_size", step, rank, f64::from(world)));
+            }
+        }
+        let mut r = run(points);
+        let reform = |step: f64, rank: i32| super::super::data::Event {
+            rank,
+            step,
+            kind: metric::event::REFORM.into(),
+            message: "generation 2: 2 rank(s) from step 2 ...".into(),
+            wall_time_unix_ms: 0,
+        };
+        r.events = vec![reform(2.0, 0), reform(2.0, 0)];
+        let charts = build(&r);
+        assert_eq!(charts.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(), ["loss", "world_size"]);
+        let rule = charts[0].series.last().unwrap();
+        assert_eq!(
+            (rule.label.as_str(), rule.kind, &rule.x),
+            (REFORMED, Kind::Rule, &vec![2.0]),
+            "once each"
+        );
+        assert!(rule.y.is_empty());
+        let world = &charts[1].series[0];
+        assert_eq!((&world.x, &world.y), (&vec![1.0, 2.0, 3.0, 4.0], &vec![3.0, 3.0, 2.0, 2.0]));
+        assert_eq!(charts[1].y_range, Some((0.0, 4.0)));
+        let json = serde_json::to_value(&charts[0]).unwrap();
+        assert_eq!(
+            json["series"][2],
+            serde_json::json!({"label": REFORMED, "kind": "rule", "x": [2.0], "y": []})
+        );
+        for c in &charts {
+            assert!(c.svg().unwrap().contains(&c.title));
+            c.png().unwrap();
+        }
+        // A fixed world: no rule, and its world size all the same.
+        let fixed = run(vec![p("loss", 1.0, 0, 2.0), p("world_size", 1.0, 0, 1.0)]);
+        let charts = build(&fixed);
+        assert_eq!(charts[0].series.len(), 2);
+        assert_eq!(charts[1].series[0].y, [1.0]);
+        assert!(build(&run(vec![p("loss", 1.0, 0, 2.0)])).iter().all(|c| c.id != "world_size"));
     }
 
     #[test]

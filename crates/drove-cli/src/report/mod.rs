@@ -5,7 +5,8 @@
 //!
 //! It works while the run goes on (the charts hold the points so far) and after
 //! it ended. `report.json` beside the page holds every chart's data, exactly as
-//! drawn.
+//! drawn. An elastic run's changes of world are drawn from what it stored: its
+//! `world_size` points as a chart, and its `reform` events as rules on the loss.
 //!
 //! - [`data`]: the run as read ([`data::RunData`]), from either source.
 //! - [`charts`]: what is drawn ([`charts::Chart`]), built from the points, and
