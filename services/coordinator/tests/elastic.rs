@@ -232,6 +232,17 @@ async fn a_member_left_out_of_the_running_generation_is_refused() {
         "{}",
         err.message()
     );
+    // Once the others finished the run, it is still left out (the id does not start over).
+    for id in ["a", "b"] {
+        let leave =
+            LeaveRequest { run_id: "stale".into(), member_id: id.into(), step: 9, ..Default::default() };
+        c.rendezvous.clone().leave(leave).await.unwrap();
+    }
+    let err = bounded(join(&c, rejoin(member("stale", "c", 2, 3), 1, 5, &end(EndKind::Unspecified, &[]))))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    assert!(err.message().contains("the run has finished without it"), "{}", err.message());
     f.server.shutdown().await;
 }
 

@@ -173,6 +173,16 @@ impl RendezvousService {
             runs.fixed.remove(&req.run_id);
             self.store.remove_members(&req.run_id, None).map_err(internal)?;
         }
+        // A member of an earlier world of a run that ended without it was
+        // left out (stopped past the others' deadline): it does not start the id over.
+        if j.after > 0
+            && let Some(outcome) = runs.elastic.get(&req.run_id).and_then(|run| run.gens.outcome())
+        {
+            return Err(Status::failed_precondition(format!(
+                "member {:?} was left out of run {:?}: the run has {outcome} without it (it was last in generation {})",
+                j.member_id, req.run_id, j.after
+            )));
+        }
         // A run that ended (or never got a generation) starts over with this join's sizes.
         let over = |run: &ElasticRun| run.gens.generations.is_empty() || run.gens.outcome().is_some();
         if runs.elastic.get(&req.run_id).is_none_or(over) {
