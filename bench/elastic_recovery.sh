@@ -246,8 +246,12 @@ def torch_side():
             "--max-train-sentences", str(sentences), "--batch-size", "2", "--threads", "1",
             "--checkpoint-every", str(ckpt_every), "--checkpoint-dir", os.path.join(d, "ckpt"),
             "--fail-at-step", str(kill_at), "--rank-to-fail", "3"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # The agent's shared TCPStore keeps the first attempt's gloo addresses, and the
+    # restarted group reads them and fails to connect (pytorch/pytorch#135712):
+    # every worker group gets its own store, the documented way out.
+    fix = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **fix)
     t0, load0 = time.time(), loadavg()
     run = Proc("torchrun", argv, env=env, cwd=root)
     finished = run.wait(t0 + limit)
@@ -287,7 +291,8 @@ def torch_side():
     else:
         kept = [r for _, _, _, r in steps][2:]
     out["sentences_per_s"] = {"4": {"mean": mean(kept), "steps": len(kept)}}
-    return out, [" ".join(argv[:1] + argv[1:]).replace(root + "/", "")]
+    shown = " ".join(f"{k}={v}" for k, v in fix.items()) + " " + " ".join(argv)
+    return out, [shown.replace(root + "/", "")]
 
 
 def machine():
