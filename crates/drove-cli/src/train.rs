@@ -71,6 +71,10 @@ pub struct NerArgs {
     /// (DROVE_COORDINATOR) and --bucket-window 0 [env: DROVE_ELASTIC].
     #[arg(long, value_name = "MIN:MAX")]
     world: Option<WorldRange>,
+    /// Start from random weights of the model folder's config.json instead of
+    /// its model.safetensors (tests of the loop's mechanics on a tiny model).
+    #[arg(long, hide = true)]
+    random_init: bool,
 }
 
 impl NerArgs {
@@ -87,6 +91,7 @@ impl NerArgs {
             eval_sets: opts.eval_sets.iter().filter(|s| !s.is_empty()).cloned().collect(),
             micro_batches: micro_batches(opts.micro_batches, self.device),
             placement: placement(self.placement, self.device),
+            random_init: self.random_init || opts.random_init,
             ..opts.clone()
         }
     }
@@ -198,14 +203,14 @@ impl Observer for Reporter {
 /// changing worlds.
 enum Ranks {
     Fixed(Box<dyn Collective>),
-    Elastic(ElasticComm),
+    Elastic(Box<ElasticComm>),
 }
 
 impl Ranks {
     fn collective(&self) -> &dyn Collective {
         match self {
             Ranks::Fixed(comm) => comm.as_ref(),
-            Ranks::Elastic(comm) => comm,
+            Ranks::Elastic(comm) => comm.as_ref(),
         }
     }
 
@@ -222,7 +227,8 @@ impl Ranks {
             }
             (Ranks::Fixed(comm), Some(gpu)) => gpu.train_ner(opts, comm.as_ref(), reporter),
             (Ranks::Elastic(comm), _) => {
-                let summary = train_ner_elastic::<Backend>(opts, comm, reporter, &Default::default());
+                let summary =
+                    train_ner_elastic::<Backend>(opts, comm.as_ref(), reporter, &Default::default());
                 let error = summary.as_ref().err().map(ToString::to_string);
                 let steps = summary.as_ref().map_or(0, |s| s.steps);
                 if let Err(e) = comm.leave(steps, error.as_deref()) {
@@ -412,7 +418,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         Some(_) if gpu.is_some() => {
             return Err(anyhow!("an elastic run (--world) trains on the CPU only for now: drop --device"));
         }
-        Some(range) => Ranks::Elastic(launch.elastic(Some(range))?),
+        Some(range) => Ranks::Elastic(Box::new(launch.elastic(Some(range))?)),
         None => Ranks::Fixed(launch.communicator()?),
     };
     let comm = ranks.collective();

@@ -19,6 +19,11 @@ use common::{DROVE, Proc, assets, coordinator, free_port};
 
 /// How long one run may take here.
 const DEADLINE: Duration = Duration::from_secs(400);
+/// Sentences of the tiny model's run a member is stopped in: hundreds of steps.
+const SLOW: usize = 1200;
+/// Sentences of the tiny model's runs a member joins: long enough (600 steps
+/// of 2 ranks, over ten seconds here) for a process to start and enter it.
+const LONG: usize = 1600;
 /// Training sentences: 10 steps of 4 ranks x 2 rows, then 14 of 3 x 2 (the last one padded).
 const SENTENCES: usize = 160;
 
@@ -133,8 +138,8 @@ fn a_rank_killed_at_step_10_costs_one_step_and_the_others_finish_at_world_3() {
     );
 }
 
-/// `drove run ... -- drove train ner` of a short elastic fine-tune (no
-/// evaluation), `sentences` sentences in batches of 2, tracing its samples.
+/// `drove run ... -- drove train ner` of an elastic fine-tune of the tiny
+/// model (no evaluation), `sentences` sentences in batches of 2, tracing its samples.
 fn launch(launcher: &[&str], sentences: usize, dir: &Path, rank_args: &[&str]) -> Proc {
     let a = assets();
     let mut cmd = Command::new(DROVE);
@@ -144,10 +149,10 @@ fn launch(launcher: &[&str], sentences: usize, dir: &Path, rank_args: &[&str]) -
         .arg(DROVE)
         .args(["train", "ner", "--bucket-window", "0", "--batch-size", "2", "--epochs", "1", "--eval", ""])
         .args(["--max-train-sentences", &sentences.to_string(), "--workers", "1", "--log-every", "1"])
-        .args(["--dropout", "0", "--reform-check-every", "2", "--data"])
+        .args(["--dropout", "0", "--reform-check-every", "2", "--random-init", "--data"])
         .arg(a.join("conll2003"))
         .arg("--model")
-        .arg(a.join("minilm"))
+        .arg(tiny_model(dir))
         .arg("--out")
         .arg(dir.join("out"))
         .arg("--trace-samples")
@@ -214,12 +219,12 @@ fn under_drove_run_a_failed_slot_starts_again_alone_and_joins_the_running_world(
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let launcher = ["--np", "4", "--min-np", "3", "--max-restarts", "1", "--store", store.to_str().unwrap()];
-    let run = launch(&launcher, 160, dir.path(), &["--fail-at-step", "5", "--rank-to-fail", "3"]);
+    let run = launch(&launcher, LONG, dir.path(), &["--fail-at-step", "5", "--rank-to-fail", "3"]);
     let (status, _, stderr) = run.finish(DEADLINE);
     assert!(status.success(), "the survivors and the restarted slot finish the run:\n{stderr}");
     let (worlds, applied) = traced(dir.path());
     assert_eq!(worlds, [(1, 4), (2, 3), (3, 4)], "4, then 3 without the slot, then 4 again:\n{stderr}");
-    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..160).collect::<Vec<_>>());
+    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..LONG).collect::<Vec<_>>());
     assert!(applied.values().all(|&n| n == 1), "a sample applied twice: {applied:?}");
     // Right after the join every member holds the same state, at one step.
     let members = joined(&stderr, 3);
@@ -240,19 +245,171 @@ fn a_run_of_2_grows_to_4_when_a_second_drove_run_adds_two() {
     let addr = format!("127.0.0.1:{port}");
     let launcher =
         ["--np", "2", "--min-np", "2", "--max-np", "4", "--coordinator", &addr, "--run-id", "grow"];
-    let mut first = launch(&launcher, 200, dir.path(), &[]);
+    let mut first = launch(&launcher, LONG, dir.path(), &[]);
     wait_for_step(&mut first, 3);
-    let second = launch(&launcher, 200, dir.path(), &[]);
+    let second = launch(&launcher, LONG, dir.path(), &[]);
     let (status, _, stderr) = second.finish(DEADLINE);
     assert!(status.success(), "the added ranks finish with the run:\n{stderr}");
     let (status, _, first_err) = first.finish(DEADLINE);
     assert!(status.success(), "{first_err}");
     let (worlds, applied) = traced(dir.path());
     assert_eq!(worlds, [(1, 2), (2, 4)], "2 ranks, then 4 from a step boundary on");
-    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..200).collect::<Vec<_>>());
+    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..LONG).collect::<Vec<_>>());
     assert!(applied.values().all(|&n| n == 1), "a sample applied twice: {applied:?}");
     let all = format!("{first_err}\n{stderr}");
     let members = joined(&all, 2);
     assert_eq!(members.len(), 4, "{all}");
     assert!(members.iter().all(|m| m.1 == 4 && m.2 == members[0].2 && m.3 == members[0].3), "{members:?}");
+}
+
+/// A BERT of MiniLM's vocabulary but 2 layers of width 32, to start from
+/// random weights (`--random-init`): the tests of membership need the loop's
+/// mechanics, not a model worth evaluating.
+fn tiny_model(dir: &Path) -> std::path::PathBuf {
+    let model = dir.join("tiny-model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(assets().join("minilm/vocab.txt"), model.join("vocab.txt")).unwrap();
+    let config = serde_json::json!({
+        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+        "vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2, "hidden_act": "gelu",
+        "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "pad_token_id": 0, "model_type": "bert"
+    });
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    model
+}
+
+/// Member `id` of an elastic run of `world` sizes, with `env` set: a
+/// fine-tune of `sentences` sentences of a tiny random model without evaluation.
+fn small_member(run: &Small<'_>, id: usize, env: &[(&str, &str)], extra: &[&str]) -> Proc {
+    let (dir, sentences) = (run.dir, run.sentences.to_string());
+    let mut cmd = Command::new(DROVE);
+    cmd.args(["train", "ner", "--world", run.world, "--bucket-window", "0", "--batch-size", "2"])
+        .args(["--epochs", "1", "--max-train-sentences", &sentences, "--eval", "", "--workers", "1"])
+        .args(["--log-every", "1", "--dropout", "0", "--random-init", "--data"])
+        .arg(assets().join("conll2003"))
+        .arg("--model")
+        .arg(tiny_model(dir))
+        .arg("--out")
+        .arg(dir.join("out"))
+        .arg("--trace-samples")
+        .arg(dir.join("trace.jsonl"))
+        .args(extra)
+        .env("DROVE_COORDINATOR", run.addr)
+        .env("DROVE_RUN_ID", run.run_id)
+        .env("DROVE_MEMBER_ID", format!("m{id}"))
+        .env("RUST_LOG", "warn");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    Proc::spawn(&mut cmd)
+}
+
+/// An elastic run of tiny members: where, its id, its sizes and length.
+struct Small<'a> {
+    addr: &'a str,
+    run_id: &'a str,
+    dir: &'a Path,
+    world: &'a str,
+    sentences: usize,
+}
+
+/// Waits for a stderr line of `p` containing `what`; returns whether it came.
+fn stderr_line(p: &mut Proc, what: &str) -> bool {
+    let until = std::time::Instant::now() + DEADLINE;
+    loop {
+        match p.stderr.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
+            Ok(l) => {
+                let hit = l.contains(what);
+                p.err.push(l);
+                if hit {
+                    return true;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn a_stopped_member_is_left_out_and_told_so_when_it_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
+    let addr = format!("127.0.0.1:{port}");
+    // A collective waits 4 s for a silent peer.
+    let env = [("DROVE_COMM_TIMEOUT", "4")];
+    // Long enough that the others are still training when the stopped one resumes.
+    let run = Small { addr: &addr, run_id: "stop", dir: dir.path(), world: "2:3", sentences: SLOW };
+    let mut members: Vec<Proc> = (0..3).map(|id| small_member(&run, id, &env, &[])).collect();
+    // Each member says its rank in the first world; rank 0 prints the steps.
+    let ranks: Vec<usize> = members
+        .iter_mut()
+        .map(|m| {
+            assert!(stderr_line(m, "generation 1: this member is rank "), "{}", m.stderr_now());
+            let line = m.err.last().unwrap().clone();
+            let rest = line.split("this member is rank ").nth(1).unwrap();
+            rest.split_whitespace().next().unwrap().parse().unwrap()
+        })
+        .collect();
+    let printer = ranks.iter().position(|&r| r == 0).expect("a rank 0");
+    assert!(stderr_line(&mut members[printer], "step 5/"), "{}", members[printer].stderr_now());
+    let stopped = (printer + 1) % 3;
+    members[stopped].signal(libc::SIGSTOP);
+    assert!(
+        stderr_line(&mut members[printer], "generation 2: rank 0 of 2"),
+        "the others re-form without the stopped member:\n{}",
+        members[printer].stderr_now()
+    );
+    members[stopped].signal(libc::SIGCONT);
+    let mut errs = String::new();
+    for (i, m) in members.into_iter().enumerate() {
+        let (status, _, err) = m.finish(DEADLINE);
+        if i == stopped {
+            assert!(!status.success(), "the stopped member fails:\n{err}");
+            assert!(err.contains("left out of the run"), "it says it was left out:\n{err}");
+        } else {
+            assert!(status.success(), "member {i}: the new world is unharmed:\n{err}");
+        }
+        errs.push_str(&err);
+    }
+    let (worlds, applied) = traced(dir.path());
+    assert_eq!(worlds, [(1, 3), (2, 2)], "{errs}");
+    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..SLOW).collect::<Vec<_>>());
+    assert!(applied.values().all(|&n| n == 1), "a sample applied twice: {applied:?}");
+}
+
+#[test]
+fn below_min_the_run_fails_naming_the_lost_member_with_a_readable_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
+    let addr = format!("127.0.0.1:{port}");
+    // The next world is waited for 3 s; rank 1 kills itself after step 5.
+    let env = [("DROVE_RENDEZVOUS_TIMEOUT_SECS", "3")];
+    let fail = ["--fail-at-step", "5", "--rank-to-fail", "1"];
+    let run = Small { addr: &addr, run_id: "below", dir: dir.path(), world: "2:2", sentences: 160 };
+    let members: Vec<Proc> = (0..2).map(|id| small_member(&run, id, &env, &fail)).collect();
+    let outcomes: Vec<_> = members.into_iter().map(|m| m.finish(DEADLINE)).collect();
+    let is_killed = |o: &(ExitStatus, Vec<String>, String)| {
+        std::os::unix::process::ExitStatusExt::signal(&o.0) == Some(libc::SIGKILL)
+    };
+    let killed: Vec<usize> = (0..2).filter(|&i| is_killed(&outcomes[i])).collect();
+    assert_eq!(
+        killed.len(),
+        1,
+        "one member killed itself: {:?}",
+        outcomes.iter().map(|o| &o.2).collect::<Vec<_>>()
+    );
+    let (status, _, err) = &outcomes[1 - killed[0]];
+    assert!(!status.success(), "below MIN the run fails:\n{err}");
+    let lost = format!("m{}", killed[0]);
+    assert!(err.contains("lost") && err.contains(&lost), "the error names the lost member {lost}:\n{err}");
+    let root = dir.path().join("out/checkpoints");
+    let latest = std::fs::read_to_string(root.join("latest")).expect("rank 0 wrote a checkpoint");
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join(latest.trim()).join("state.json")).unwrap()).unwrap();
+    assert_eq!(state["global_step"], 5, "the last applied step: {state}");
+    assert_eq!(state["position"], 20, "5 steps of 2 ranks x 2 rows: {state}");
+    assert!(!common::read_latest(&root).is_empty(), "its weights read back");
 }

@@ -13,6 +13,7 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use drove_comm::{CommError, Elastic, Loss, ReformCause, World};
 use drove_train::TrainError;
+use drove_train::timeline::Track;
 
 use super::Fit;
 use crate::data::training_loader;
@@ -108,7 +109,16 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
                 return Err(e.into());
             }
             match self.resync(elastic, &cause.to_string(), started) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    let generation = elastic.world().generation;
+                    self.timeline.record(
+                        format!("re-form: generation {generation}"),
+                        "phase",
+                        Track::Main,
+                        started,
+                    );
+                    return Ok(());
+                }
                 Err(e) => cause = self.loss_of(elastic, e)?,
             }
         }
