@@ -71,7 +71,7 @@ export ER_SENTENCES="$sentences" ER_KILL_AT="$kill_at" ER_CKPT_EVERY="$ckpt_ever
 export ER_VENV="$venv" ER_ROOT="$root" ER_SIDES="${SIDES:-drove torchrun}"
 
 python3 - <<'PY' &
-import json, os, re, signal, socket, subprocess, sys, threading, time
+import json, os, re, shlex, signal, socket, subprocess, sys, threading, time
 
 E = os.environ
 root, work, limit = E["ER_ROOT"], E["ER_WORK"], float(E["ER_LIMIT"])
@@ -226,8 +226,9 @@ def drove_side():
         kept = [r for _, r in mine[2:]]
         by_world[str(w)] = {"mean": mean(kept), "steps": len(kept)}
     out["sentences_per_s"] = by_world
-    return out, [" ".join(coord_argv), "DROVE_COORDINATOR=... DROVE_RUN_ID=recovery DROVE_MEMBER_ID=mI RAYON_NUM_THREADS=1 "
-                 + " ".join(member_argv) + " --out DIR/out-I   # I = 0..3"]
+    shown = [shlex.join(coord_argv), f"DROVE_COORDINATOR={addr} DROVE_RUN_ID=recovery DROVE_MEMBER_ID=mI RAYON_NUM_THREADS=1 "
+             + shlex.join(member_argv) + " --out DIR/out-I   # I = 0..3"]
+    return out, [c.replace(root + "/", "").replace(work, "DIR") for c in shown]
 
 
 # ---------------------------------------------------------------- torchrun
@@ -291,8 +292,8 @@ def torch_side():
     else:
         kept = [r for _, _, _, r in steps][2:]
     out["sentences_per_s"] = {"4": {"mean": mean(kept), "steps": len(kept)}}
-    shown = " ".join(f"{k}={v}" for k, v in fix.items()) + " " + " ".join(argv)
-    return out, [shown.replace(root + "/", "")]
+    shown = " ".join(f"{k}={v}" for k, v in fix.items()) + " " + shlex.join(argv)
+    return out, [shown.replace(root + "/", "").replace(work, "DIR")]
 
 
 def machine():
