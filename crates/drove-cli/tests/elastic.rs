@@ -21,7 +21,7 @@ use common::{DROVE, Proc, assets, coordinator, free_port};
 const DEADLINE: Duration = Duration::from_secs(400);
 /// Sentences of the tiny model's run a member is stopped in: hundreds of steps.
 const SLOW: usize = 1200;
-/// Sentences of the tiny model's runs a member joins: long enough (600 steps
+/// Sentences of the tiny model's runs a member joins: long enough (400 steps
 /// of 2 ranks, over ten seconds here) for a process to start and enter it.
 const LONG: usize = 1600;
 /// Training sentences: 10 steps of 4 ranks x 2 rows, then 14 of 3 x 2 (the last one padded).
@@ -76,9 +76,7 @@ struct Outcome {
 }
 
 fn run(dir: &Path, run_id: &str, fail: bool) -> Outcome {
-    let port = free_port();
-    let _coordinator = coordinator(port, &dir.join("store"), &[]);
-    let addr = format!("127.0.0.1:{port}");
+    let (_coordinator, addr) = serve(dir);
     let members: Vec<Proc> = (0..4).map(|id| member(&addr, run_id, id, dir, fail)).collect();
     let (mut exits, mut summary, mut stderr) = (Vec::new(), serde_json::Value::Null, String::new());
     for m in members {
@@ -122,8 +120,7 @@ fn a_rank_killed_at_step_10_costs_one_step_and_the_others_finish_at_world_3() {
     );
     assert_eq!(outcome.generations, [(1, 4), (2, 3)], "steps at world 4, then at world 3");
     // Every position of the epoch applied exactly once, across the re-form.
-    assert_eq!(outcome.applied.keys().copied().collect::<Vec<_>>(), (0..SENTENCES).collect::<Vec<_>>());
-    assert!(outcome.applied.values().all(|&n| n == 1), "a sample applied twice: {:?}", outcome.applied);
+    assert_each_once(&outcome.applied, SENTENCES);
     // Per-sample streams: the same masks whichever rank of whichever world drew them.
     assert_eq!(outcome.pairs, reference.pairs, "(sample, mask hash) pairs of the uninterrupted run");
     let f1 =
@@ -199,19 +196,19 @@ fn joined(stderr: &str, generation: u64) -> Vec<(usize, usize, u64, String)> {
 /// Waits for rank 0's line `step N/` on `run`'s stderr.
 fn wait_for_step(run: &mut Proc, step: u64) {
     let want = format!("[0] step {step}/");
-    let until = std::time::Instant::now() + DEADLINE;
-    loop {
-        match run.stderr.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
-            Ok(l) => {
-                let hit = l.starts_with(&want);
-                run.err.push(l);
-                if hit {
-                    return;
-                }
-            }
-            Err(e) => panic!("no {want:?} ({e:?}):\n{}", run.err.join("\n")),
-        }
-    }
+    assert!(run.stderr_until(DEADLINE, |l| l.starts_with(&want)), "no {want:?}:\n{}", run.err.join("\n"));
+}
+
+/// A coordinator on a free port with its store under `dir`, and its address.
+fn serve(dir: &Path) -> (Proc, String) {
+    let port = free_port();
+    (coordinator(port, &dir.join("store"), &[]), format!("127.0.0.1:{port}"))
+}
+
+/// Every sample of `0..n` applied exactly once.
+fn assert_each_once(applied: &BTreeMap<usize, usize>, n: usize) {
+    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..n).collect::<Vec<_>>(), "a sample missing");
+    assert!(applied.values().all(|&k| k == 1), "a sample applied twice: {applied:?}");
 }
 
 #[test]
@@ -224,8 +221,7 @@ fn under_drove_run_a_failed_slot_starts_again_alone_and_joins_the_running_world(
     assert!(status.success(), "the survivors and the restarted slot finish the run:\n{stderr}");
     let (worlds, applied) = traced(dir.path());
     assert_eq!(worlds, [(1, 4), (2, 3), (3, 4)], "4, then 3 without the slot, then 4 again:\n{stderr}");
-    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..LONG).collect::<Vec<_>>());
-    assert!(applied.values().all(|&n| n == 1), "a sample applied twice: {applied:?}");
+    assert_each_once(&applied, LONG);
     // Right after the join every member holds the same state, at one step.
     let members = joined(&stderr, 3);
     assert_eq!(
@@ -240,9 +236,7 @@ fn under_drove_run_a_failed_slot_starts_again_alone_and_joins_the_running_world(
 #[test]
 fn a_run_of_2_grows_to_4_when_a_second_drove_run_adds_two() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
-    let addr = format!("127.0.0.1:{port}");
+    let (_coordinator, addr) = serve(dir.path());
     let launcher =
         ["--np", "2", "--min-np", "2", "--max-np", "4", "--coordinator", &addr, "--run-id", "grow"];
     let mut first = launch(&launcher, LONG, dir.path(), &[]);
@@ -254,8 +248,7 @@ fn a_run_of_2_grows_to_4_when_a_second_drove_run_adds_two() {
     assert!(status.success(), "{first_err}");
     let (worlds, applied) = traced(dir.path());
     assert_eq!(worlds, [(1, 2), (2, 4)], "2 ranks, then 4 from a step boundary on");
-    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..LONG).collect::<Vec<_>>());
-    assert!(applied.values().all(|&n| n == 1), "a sample applied twice: {applied:?}");
+    assert_each_once(&applied, LONG);
     let all = format!("{first_err}\n{stderr}");
     let members = joined(&all, 2);
     assert_eq!(members.len(), 4, "{all}");
@@ -316,27 +309,13 @@ struct Small<'a> {
 
 /// Waits for a stderr line of `p` containing `what`; returns whether it came.
 fn stderr_line(p: &mut Proc, what: &str) -> bool {
-    let until = std::time::Instant::now() + DEADLINE;
-    loop {
-        match p.stderr.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
-            Ok(l) => {
-                let hit = l.contains(what);
-                p.err.push(l);
-                if hit {
-                    return true;
-                }
-            }
-            Err(_) => return false,
-        }
-    }
+    p.stderr_until(DEADLINE, |l| l.contains(what))
 }
 
 #[test]
 fn a_stopped_member_is_left_out_and_told_so_when_it_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
-    let addr = format!("127.0.0.1:{port}");
+    let (_coordinator, addr) = serve(dir.path());
     // A collective waits 4 s for a silent peer.
     let env = [("DROVE_COMM_TIMEOUT", "4")];
     // Long enough that the others are still training when the stopped one resumes.
@@ -375,16 +354,13 @@ fn a_stopped_member_is_left_out_and_told_so_when_it_resumes() {
     }
     let (worlds, applied) = traced(dir.path());
     assert_eq!(worlds, [(1, 3), (2, 2)], "{errs}");
-    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..SLOW).collect::<Vec<_>>());
-    assert!(applied.values().all(|&n| n == 1), "a sample applied twice: {applied:?}");
+    assert_each_once(&applied, SLOW);
 }
 
 #[test]
 fn below_min_the_run_fails_naming_the_lost_member_with_a_readable_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
-    let addr = format!("127.0.0.1:{port}");
+    let (_coordinator, addr) = serve(dir.path());
     // The next world is waited for 3 s; rank 1 kills itself after step 5.
     let env = [("DROVE_RENDEZVOUS_TIMEOUT_SECS", "3")];
     let fail = ["--fail-at-step", "5", "--rank-to-fail", "1"];

@@ -44,20 +44,7 @@ fn training(addr: &str, run_id: &str, out: &std::path::Path, env: &[(&str, &str)
 /// Waits for rank 0's line `step N/`.
 fn wait_for_step(run: &mut Proc, step: u64) {
     let want = format!("[0] step {step}/");
-    let until = Instant::now() + DEADLINE;
-    loop {
-        let line = run.stderr.recv_timeout(until.saturating_duration_since(Instant::now()));
-        match line {
-            Ok(l) => {
-                let hit = l.starts_with(&want);
-                run.err.push(l);
-                if hit {
-                    return;
-                }
-            }
-            Err(e) => panic!("no {want:?} ({e:?}):\n{}", run.err.join("\n")),
-        }
-    }
+    assert!(run.stderr_until(DEADLINE, |l| l.starts_with(&want)), "no {want:?}:\n{}", run.err.join("\n"));
 }
 
 fn json(args: &[&str]) -> serde_json::Value {

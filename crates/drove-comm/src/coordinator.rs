@@ -232,15 +232,7 @@ impl CoordinatorRendezvous {
     }
 
     fn elastic_world(&self, resp: drove_proto::v1::JoinResponse) -> Result<(PeerTable, World), CommError> {
-        let addrs = resp
-            .peers
-            .iter()
-            .map(|p| {
-                p.address.parse().map_err(|_| {
-                    rendezvous_err(format!("rank {} has an unusable address {:?}", p.rank, p.address))
-                })
-            })
-            .collect::<Result<Vec<SocketAddr>, _>>()?;
+        let addrs = peer_addrs(&resp.peers)?;
         let rank = usize::try_from(resp.rank).unwrap_or(usize::MAX);
         let given = addrs.len();
         let table = PeerTable::new(Rank::new(rank), addrs).map_err(|_| {
@@ -280,6 +272,19 @@ impl CoordinatorRendezvous {
             Ok(())
         })
     }
+}
+
+/// Every peer's data-plane address, in rank order; an error naming the first
+/// that is not an address.
+fn peer_addrs(peers: &[drove_proto::v1::Peer]) -> Result<Vec<SocketAddr>, CommError> {
+    peers
+        .iter()
+        .map(|p| {
+            p.address.parse().map_err(|_| {
+                rendezvous_err(format!("rank {} has an unusable address {:?}", p.rank, p.address))
+            })
+        })
+        .collect()
 }
 
 /// What an elastic member tells the coordinator when it joins a generation.
@@ -449,15 +454,7 @@ impl Rendezvous for CoordinatorRendezvous {
                     rendezvous_err(format!("joining run {:?} at {}: {}", self.run_id, self.addr, s.message()))
                 })?
                 .into_inner();
-            let addrs = resp
-                .peers
-                .iter()
-                .map(|p| {
-                    p.address.parse().map_err(|_| {
-                        rendezvous_err(format!("rank {} has an unusable address {:?}", p.rank, p.address))
-                    })
-                })
-                .collect::<Result<Vec<SocketAddr>, _>>()?;
+            let addrs = peer_addrs(&resp.peers)?;
             let (rank, given) = (usize::try_from(resp.rank).unwrap_or(usize::MAX), addrs.len());
             PeerTable::new(Rank::new(rank), addrs).map_err(|_| {
                 rendezvous_err(format!(

@@ -319,3 +319,40 @@ impl Attempts<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn elastic(np: usize, min: usize, max: usize) -> Result<(), String> {
+        let mut spec = LaunchSpec::new(np, "true", Vec::<String>::new());
+        spec.elastic = Some(ElasticLaunch { min, max });
+        spec.check().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_elastic_launch_s_sizes_are_checked_against_np() {
+        assert_eq!(elastic(4, 3, 4), Ok(()));
+        assert_eq!(elastic(4, 4, 6), Ok(()));
+        assert_eq!(elastic(4, 0, 4).unwrap_err(), "--min-np must be at least 1");
+        assert_eq!(
+            elastic(4, 5, 6).unwrap_err(),
+            "--min-np 5 is above --np 4: the launch could never form a world"
+        );
+        assert_eq!(
+            elastic(4, 2, 3).unwrap_err(),
+            "--max-np 3 is below --np 4: a world cannot take every rank started"
+        );
+    }
+
+    #[test]
+    fn an_elastic_launch_tells_its_ranks_the_world_sizes_and_member_ids() {
+        let mut spec = LaunchSpec::new(2, "true", Vec::<String>::new());
+        assert!(spec.member_prefix().is_none(), "a fixed launch names no members");
+        spec.elastic = Some(ElasticLaunch { min: 1, max: 3 });
+        let env = spec.rank_env("127.0.0.1:1", 0, false);
+        assert!(env.contains(&(var::ELASTIC.to_string(), "1:3".to_string())), "{env:?}");
+        let prefix = spec.member_prefix().unwrap();
+        assert!(prefix.ends_with(&format!(".{}.", std::process::id())), "{prefix}");
+    }
+}

@@ -26,9 +26,10 @@ const CASES: u32 = 10_000;
 const SEED: [u8; 32] = *b"drove state.json random inputs!!";
 
 /// The fields of `state.json`: the loop's and the optimizer's.
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 10] = [
     "epoch",
     "batch",
+    "position",
     "global_step",
     "world_size",
     "batch_size",

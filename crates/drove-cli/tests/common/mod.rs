@@ -165,6 +165,24 @@ impl Proc {
         Proc::spawn(Command::new(DROVE).args(args).env_remove("RUST_LOG"))
     }
 
+    /// Reads stderr lines (kept in `err`) until one satisfies `pred`, for at
+    /// most `within`; whether one did.
+    pub fn stderr_until(&mut self, within: Duration, pred: impl Fn(&str) -> bool) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            match self.stderr.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(line) => {
+                    let hit = pred(&line);
+                    self.err.push(line);
+                    if hit {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+
     pub fn stderr_now(&mut self) -> String {
         self.err.extend(self.stderr.try_iter());
         self.err.join("\n")
