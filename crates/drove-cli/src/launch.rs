@@ -191,7 +191,8 @@ mod tests {
         let err =
             Cli::try_parse_from(["drove", "--np", "3", "--nnodes", "2", "--", "drove", "check"]).unwrap_err();
         assert!(err.to_string().contains("--nnodes"), "{err}");
-        let elastic = Cli::try_parse_from(["drove", "--np", "3", "--min-np", "2", "--", "drove", "check"]).unwrap();
+        let elastic =
+            Cli::try_parse_from(["drove", "--np", "3", "--min-np", "2", "--", "drove", "check"]).unwrap();
         assert_eq!((elastic.run.min_np, elastic.run.max_np), (Some(2), None));
         let err = Cli::try_parse_from(["drove", "--np", "3", "--max-np", "4", "drove"]).unwrap_err();
         assert!(err.to_string().contains("--min-np"), "--max-np needs --min-np: {err}");
