@@ -229,9 +229,11 @@ impl Ranks {
             (Ranks::Elastic(comm), _) => {
                 let summary =
                     train_ner_elastic::<Backend>(opts, comm.as_ref(), reporter, &Default::default());
+                // A member left out is no longer in the run: its error is its own.
+                let left_out = matches!(&summary, Err(NerError::Comm(drove_comm::CommError::LeftOut(_))));
                 let error = summary.as_ref().err().map(ToString::to_string);
                 let steps = summary.as_ref().map_or(0, |s| s.steps);
-                if let Err(e) = comm.leave(steps, error.as_deref()) {
+                if !left_out && let Err(e) = comm.leave(steps, error.as_deref()) {
                     reporter.progress.say(&format!("warning: leaving the elastic run: {e}"));
                 }
                 summary
