@@ -61,9 +61,9 @@ fn sample(scrape: &Value, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     hits.first().map(|s| s["value"].as_f64().expect("a finite value"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_scrape_holds_the_latest_values_the_alarm_and_the_counters() {
-    let python = tokio::task::spawn_blocking(tools_python).await.unwrap();
+/// A coordinator on a temporary store serving Prometheus too: the store (kept
+/// while the test runs), the server and its `/metrics` URL.
+async fn serve_metrics() -> (tempfile::TempDir, drove_coordinator::Server, String) {
     let store = tempfile::tempdir().unwrap();
     let config = drove_coordinator::Config {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -73,6 +73,13 @@ async fn a_scrape_holds_the_latest_values_the_alarm_and_the_counters() {
     };
     let server = drove_coordinator::start(&config).await.unwrap();
     let url = format!("http://{}/metrics", server.metrics_addr().expect("metrics served"));
+    (store, server, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scrape_holds_the_latest_values_the_alarm_and_the_counters() {
+    let python = tokio::task::spawn_blocking(tools_python).await.unwrap();
+    let (_store, server, url) = serve_metrics().await;
     let mut c = Clients::connect(&server.addr().to_string(), None).await.unwrap();
 
     // "live": two ranks running; "done": a run that has ended.
@@ -131,15 +138,7 @@ async fn a_scrape_holds_the_latest_values_the_alarm_and_the_counters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_run_exports_its_world_size_and_generation_at_its_latest_step() {
     let python = tokio::task::spawn_blocking(tools_python).await.unwrap();
-    let store = tempfile::tempdir().unwrap();
-    let config = drove_coordinator::Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        store: store.path().to_path_buf(),
-        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
-        ..Default::default()
-    };
-    let server = drove_coordinator::start(&config).await.unwrap();
-    let url = format!("http://{}/metrics", server.metrics_addr().expect("metrics served"));
+    let (_store, server, url) = serve_metrics().await;
     let addr = server.addr().to_string();
     let (mut c0, mut c1) =
         (Clients::connect(&addr, None).await.unwrap(), Clients::connect(&addr, None).await.unwrap());

@@ -29,6 +29,14 @@ enum Stop {
     Reform(ReformCause),
 }
 
+/// The cause of a re-form if `e` says a member of `elastic`'s world is gone; else `e`.
+fn loss_of(elastic: &dyn Elastic, e: NerError) -> Result<ReformCause, NerError> {
+    match membership_loss(&e) {
+        Some(comm) => Ok(ReformCause::of_error(comm, &elastic.world())),
+        None => Err(e),
+    }
+}
+
 /// The collective error inside `e`, if it says a member of the world is gone.
 fn membership_loss(e: &NerError) -> Option<&CommError> {
     let comm = match e {
@@ -54,23 +62,15 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             let cause = match self.world_steps(elastic, &mut steps_here) {
                 Ok(Stop::EpochDone) => match self.end_epoch() {
                     Ok(()) => continue,
-                    Err(e) => self.loss_of(elastic, e)?,
+                    Err(e) => loss_of(elastic, e)?,
                 },
                 Ok(Stop::MaxSteps) => break,
                 Ok(Stop::Reform(cause)) => cause,
-                Err(e) => self.loss_of(elastic, e)?,
+                Err(e) => loss_of(elastic, e)?,
             };
             self.reform(elastic, cause)?;
         }
         Ok(())
-    }
-
-    /// The cause of a re-form if `e` says a member is gone; else `e`.
-    fn loss_of(&self, elastic: &dyn Elastic, e: NerError) -> Result<ReformCause, NerError> {
-        match membership_loss(&e) {
-            Some(comm) => Ok(ReformCause::of_error(comm, &elastic.world())),
-            None => Err(e),
-        }
     }
 
     /// This world's steps over the rest of the epoch, from its position.
@@ -119,7 +119,7 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
                     );
                     return Ok(());
                 }
-                Err(e) => cause = self.loss_of(elastic, e)?,
+                Err(e) => cause = loss_of(elastic, e)?,
             }
         }
     }
