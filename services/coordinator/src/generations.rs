@@ -739,7 +739,12 @@ impl Elastic {
         let old_rank = |id: &str| prev.and_then(|p| p.member(id)).and_then(|m| m.rank);
         let mut order: Vec<(Option<usize>, Member)> =
             f.members.iter().map(|m| (old_rank(&m.member_id), m.clone())).collect();
-        order.sort_by_key(|(old, _)| (old.is_none(), *old)); // stable: newcomers keep join order
+        // Members of the last world keep their order; newcomers follow by
+        // member id in natural order, so a launcher's slots and a Job's
+        // indexes get ranks in their own order whichever connected first.
+        order.sort_by(|(a, ma), (b, mb)| {
+            (a.is_none(), *a).cmp(&(b.is_none(), *b)).then_with(|| natural_order(&ma.member_id, &mb.member_id))
+        });
         let f = self.forming_mut().expect("checked above");
         f.members = order.into_iter().map(|(_, m)| m).collect();
         for (rank, m) in f.members.iter_mut().enumerate() {
@@ -909,6 +914,31 @@ impl Elastic {
             self.touch(number);
         }
     }
+}
+
+/// Member ids compared as people read them: runs of digits by their value
+/// (`slot-2` before `slot-10`, `pod-007` beside `pod-7` by value), the rest
+/// byte by byte.
+fn natural_order(a: &str, b: &str) -> std::cmp::Ordering {
+    fn pieces(s: &str) -> impl Iterator<Item = (bool, &str)> {
+        let mut rest = s;
+        std::iter::from_fn(move || {
+            let first = rest.chars().next()?;
+            let digits = first.is_ascii_digit();
+            let end = rest.find(|c: char| c.is_ascii_digit() != digits).unwrap_or(rest.len());
+            let (piece, tail) = rest.split_at(end);
+            rest = tail;
+            Some((digits, piece))
+        })
+    }
+    let number = |p: &str| {
+        let p = p.trim_start_matches('0');
+        (p.len(), p.to_string())
+    };
+    let key = |s: &str| -> Vec<(bool, (usize, String))> {
+        pieces(s).map(|(d, p)| if d { (false, number(p)) } else { (true, (0, p.to_string())) }).collect()
+    };
+    key(a).cmp(&key(b)).then_with(|| a.cmp(b))
 }
 
 #[cfg(test)]

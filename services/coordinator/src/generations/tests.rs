@@ -20,7 +20,7 @@ fn rejoin(member: &str, after: i64, step: i64, cause: End) -> ElasticJoin {
     ElasticJoin { step, cause, ..join(member, after) }
 }
 
-/// Generation 1 of `members` (2 or 3), running, ranks in join order.
+/// Generation 1 of `members` (2 or 3), running, ranks in member id order.
 fn running(members: &[&str], t0: Instant) -> Elastic {
     let mut run = Elastic::new("r", 2, 3);
     for m in members {
@@ -261,4 +261,19 @@ fn a_retry_after_its_generation_closed_is_answered_but_a_member_that_ran_re_form
     assert_eq!(run.join(&join("b", 0), t0, 3), Ok(2), "b ran in generation 1: it was restarted");
     assert_eq!(run.generation(1).unwrap().state, GenerationState::Ended);
     assert_eq!(run.join(&moved, t0, 3), Ok(2), "from another address: not a retry");
+}
+
+#[test]
+fn newcomers_take_ranks_by_member_id_in_natural_order_whichever_joined_first() {
+    let t0 = Instant::now();
+    let mut run = Elastic::new("r", 2, 3);
+    for m in ["h.7.slot-10", "h.7.slot-2", "h.7.slot-1"] {
+        run.join(&join(m, 0), t0, 1).unwrap();
+    }
+    assert!(run.try_close(t0, 1));
+    let ids: Vec<_> = ranks(&run, 1).into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, ["h.7.slot-1", "h.7.slot-2", "h.7.slot-10"]);
+    assert_eq!(natural_order("pod-007", "pod-7"), std::cmp::Ordering::Less, "equal values: by bytes");
+    assert_eq!(natural_order("pod-9", "pod-10"), std::cmp::Ordering::Less);
+    assert_eq!(natural_order("b", "a10"), std::cmp::Ordering::Greater);
 }
