@@ -139,6 +139,13 @@ impl<D: Device> DeviceComm<D> {
         self.lock().device.describe()
     }
 
+    /// Aborts the communicator (NCCL's `ncclCommAbort`): for one whose world
+    /// ended, where finalizing would wait for members that may be gone.
+    pub fn abort(self) {
+        let mut inner = self.inner.into_inner().unwrap_or_else(|e| e.into_inner());
+        inner.device.abort();
+    }
+
     /// Runs `f` on the device (for example to read its stream).
     pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
         f(&mut self.lock().device)

@@ -16,6 +16,10 @@
 //! - **Joining through the mesh**: rank 0 creates the NCCL unique id and
 //!   broadcasts it over the CPU mesh.
 //!
+//! - **Elastic worlds**: [`ElasticDevice`] gives each generation of an
+//!   elastic run its own communicator (abort the old, a new unique id, join
+//!   again), since NCCL cannot change a communicator's members.
+//!
 //! That logic is generic over a [`Device`]: `Nccl` (feature `nccl`) on a GPU, or
 //! [`Loopback`], an in-process stand-in on host memory, which is how it is
 //! tested on machines without one.
@@ -38,12 +42,14 @@
 
 mod comm;
 mod device;
+mod elastic;
 mod loopback;
 #[cfg(feature = "nccl")]
 mod nccl;
 
 pub use comm::{DeviceComm, DeviceOptions, DeviceSlice, Error};
 pub use device::{Call, Device, DeviceError, UniqueId};
+pub use elastic::{ElasticDevice, MakeDevice};
 pub use loopback::{Loopback, LoopbackWorld};
 #[cfg(feature = "nccl")]
 pub use nccl::{Nccl, require_libraries};

@@ -263,3 +263,103 @@ fn the_default_agreement_of_any_collective_finds_the_same_mismatch() {
         assert_eq!(fine, Ok(()));
     }
 }
+
+/// Joins the CPU mesh of `rank` of `n` through `dir` (one directory per world).
+fn mesh_in(dir: &std::path::Path, rank: usize, n: usize) -> Communicator {
+    let rv = FileRendezvous::new(dir, drove_comm::Place::new(rank, n).unwrap());
+    Communicator::connect(&rv, mesh_options(Duration::from_secs(20))).unwrap()
+}
+
+#[test]
+fn an_elastic_world_re_forms_its_device_communicator_without_the_lost_rank() {
+    use drove_nccl::ElasticDevice;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    // One loopback world per world size, its devices taken by rank: a fresh
+    // device for each generation, as `Nccl::new` makes one on the same GPU.
+    let (first, first_devices) = LoopbackWorld::new(3);
+    let (second, second_devices) = LoopbackWorld::new(2);
+    let pools: HashMap<usize, Vec<Option<Loopback>>> = HashMap::from([
+        (3, first_devices.into_iter().map(Some).collect()),
+        (2, second_devices.into_iter().map(Some).collect()),
+    ]);
+    let pools = Arc::new(Mutex::new(pools));
+    let (dirs, dir1, dir2) = {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("generation-1"), d.path().join("generation-2"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        (d, a, b)
+    };
+    let threads: Vec<_> = (0..3)
+        .map(|rank| {
+            let (pools, dir1, dir2) = (pools.clone(), dir1.clone(), dir2.clone());
+            std::thread::spawn(move || {
+                let make = Box::new(move |place: drove_comm::Place| {
+                    let mut pools = pools.lock().unwrap();
+                    Ok(pools.get_mut(&place.world().get()).unwrap()[place.rank().get()].take().unwrap())
+                });
+                let mut device = ElasticDevice::new(make, DeviceOptions::default());
+                let mesh = mesh_in(&dir1, rank, 3);
+                let mut v = vec![rank as f32 + 1.0; 2];
+                unsafe {
+                    device.comm_for(&mesh, 1).unwrap().all_reduce(
+                        &mesh,
+                        "g",
+                        slice(&mut v),
+                        ReduceOptions::sum(),
+                    )
+                }
+                .unwrap();
+                let same = device.comm_for(&mesh, 1).map(|c| c.world_size()).unwrap();
+                if rank == 2 {
+                    return (v, same, None, None); // gone: its mesh and device dropped
+                }
+                // The survivors' next op fails naming the lost rank ...
+                let mut w = vec![1.0f32; 2];
+                let lost = unsafe {
+                    device.comm_for(&mesh, 1).unwrap().all_reduce(
+                        &mesh,
+                        "g",
+                        slice(&mut w),
+                        ReduceOptions::sum(),
+                    )
+                }
+                .unwrap_err();
+                drop(mesh);
+                // ... and in the next world they reduce again, on a new communicator.
+                let mesh = mesh_in(&dir2, rank, 2);
+                let mut x = vec![rank as f32 + 10.0; 2];
+                unsafe {
+                    device.comm_for(&mesh, 2).unwrap().all_reduce(
+                        &mesh,
+                        "g",
+                        slice(&mut x),
+                        ReduceOptions::sum(),
+                    )
+                }
+                .unwrap();
+                assert_eq!(device.generation(), Some(2));
+                (v, same, Some(lost.to_string()), Some(x))
+            })
+        })
+        .collect();
+    let out: Vec<_> = threads.into_iter().map(|t| t.join().expect("rank thread")).collect();
+    drop(dirs);
+    for (rank, (v, same, lost, x)) in out.into_iter().enumerate() {
+        assert_eq!((v, same), (vec![6.0, 6.0], 3), "generation 1 on rank {rank}");
+        if rank < 2 {
+            let lost = lost.unwrap();
+            assert!(
+                lost.contains("rank 2") || lost.contains("[2]"),
+                "rank {rank} names the lost rank: {lost}"
+            );
+            assert_eq!(x.unwrap(), vec![21.0, 21.0], "generation 2 on rank {rank}");
+        }
+    }
+    assert_eq!(first.ids_created(), 1, "generation 1 made its id once, not again on the second comm_for");
+    assert_eq!(first.aborted(), vec![0, 1], "the survivors aborted generation 1's communicator");
+    assert_eq!(second.ids_created(), 1, "generation 2's rank 0 made a new id");
+    let (old, new) = (first.joined()[0].unwrap(), second.joined());
+    assert!(new.iter().all(|j| *j == new[0] && j.is_some_and(|j| j != old)), "{new:?} after {old:?}");
+}

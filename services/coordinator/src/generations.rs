@@ -40,6 +40,12 @@ use crate::run_state::RunState;
 /// more since its last join, when the join does not say (`settle_ms` 0).
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
 
+/// A member lost in this many of its generations in a row is left out of
+/// the run's later ones ([`GenerationError::Excluded`]), as Horovod Elastic
+/// blacklists a failing host: a machine that keeps dying costs the others a
+/// re-form each time.
+pub const MAX_LOSSES_IN_A_ROW: usize = 3;
+
 /// Where a generation is in its life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum GenerationState {
@@ -375,6 +381,19 @@ pub enum GenerationError {
         /// The generation it says it was last in.
         last: i64,
     },
+    /// The member was lost in [`MAX_LOSSES_IN_A_ROW`] of its generations in a row.
+    #[error(
+        "member {member:?} is left out of run {run:?}: it was lost in {} of its generations in a row ({generations:?}), and a member lost {MAX_LOSSES_IN_A_ROW} times in a row does not join again",
+        generations.len()
+    )]
+    Excluded {
+        /// Run.
+        run: String,
+        /// Member.
+        member: String,
+        /// The generations it was lost in, oldest first.
+        generations: Vec<i64>,
+    },
     /// A heartbeat or leave of a member the run does not have.
     #[error("member {member:?} is in no generation of run {run:?} (expected a member that joined it)")]
     NotAMember {
@@ -394,7 +413,9 @@ impl GenerationError {
             }
             GenerationError::AlreadyIn { .. } => tonic::Code::AlreadyExists,
             GenerationError::Full { .. } => tonic::Code::ResourceExhausted,
-            GenerationError::LeftOut { .. } => tonic::Code::FailedPrecondition,
+            GenerationError::LeftOut { .. } | GenerationError::Excluded { .. } => {
+                tonic::Code::FailedPrecondition
+            }
             GenerationError::NotAMember { .. } => tonic::Code::NotFound,
         }
     }
@@ -621,6 +642,14 @@ impl Elastic {
                 newest: self.newest(),
             });
         }
+        let lost = self.lost_in_a_row(&j.member_id);
+        if lost.len() >= MAX_LOSSES_IN_A_ROW {
+            return Err(GenerationError::Excluded {
+                run: self.run_id.clone(),
+                member: j.member_id.clone(),
+                generations: lost,
+            });
+        }
         if self.forming().is_some_and(|f| f.member(&j.member_id).is_some()) || j.after == 0 {
             return Ok(());
         }
@@ -636,6 +665,23 @@ impl Elastic {
             }),
             None => Ok(()),
         }
+    }
+
+    /// The ended generations, oldest first, that `member_id` was lost in
+    /// since the last one it was in and not lost (generations without it do
+    /// not break the row: it was being replaced). Read from the generations
+    /// themselves, so it survives a coordinator restart.
+    pub fn lost_in_a_row(&self, member_id: &str) -> Vec<i64> {
+        let mut row: Vec<i64> = self
+            .generations
+            .iter()
+            .rev()
+            .filter(|g| g.state == GenerationState::Ended && g.member(member_id).is_some())
+            .take_while(|g| g.lost.contains(member_id))
+            .map(|g| g.number)
+            .collect();
+        row.reverse();
+        row
     }
 
     /// What a member re-joining after its generation says of it: the step it
@@ -743,7 +789,9 @@ impl Elastic {
         // member id in natural order, so a launcher's slots and a Job's
         // indexes get ranks in their own order whichever connected first.
         order.sort_by(|(a, ma), (b, mb)| {
-            (a.is_none(), *a).cmp(&(b.is_none(), *b)).then_with(|| natural_order(&ma.member_id, &mb.member_id))
+            (a.is_none(), *a)
+                .cmp(&(b.is_none(), *b))
+                .then_with(|| natural_order(&ma.member_id, &mb.member_id))
         });
         let f = self.forming_mut().expect("checked above");
         f.members = order.into_iter().map(|(_, m)| m).collect();

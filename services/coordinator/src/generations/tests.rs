@@ -277,3 +277,59 @@ fn newcomers_take_ranks_by_member_id_in_natural_order_whichever_joined_first() {
     assert_eq!(natural_order("pod-9", "pod-10"), std::cmp::Ordering::Less);
     assert_eq!(natural_order("b", "a10"), std::cmp::Ordering::Greater);
 }
+
+#[test]
+fn a_member_lost_three_generations_in_a_row_is_left_out_and_named() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b", "c"], t0);
+    let lose_b = |run: &mut Elastic, g: i64| {
+        let lost = End::of(v1::EndKind::ClosedConnection, &["b"]);
+        run.join(&rejoin("a", g, 1, lost.clone()), t0, 1).unwrap();
+        run.join(&rejoin("c", g, 1, lost), t0, 1).unwrap();
+        assert!(run.try_close(t0, 1), "a and c re-form without b after generation {g}");
+    };
+    let b_returns = |run: &mut Elastic, g: i64| -> Result<i64, GenerationError> {
+        let added = run.join(&join("b", 0), t0, 1)?;
+        let cause = End::of(v1::EndKind::MemberAdded, &["b"]);
+        run.join(&rejoin("a", g, 2, cause.clone()), t0, 1).unwrap();
+        run.join(&rejoin("c", g, 2, cause), t0, 1).unwrap();
+        assert!(run.try_close(t0, 1), "max: b back at once");
+        Ok(added)
+    };
+    lose_b(&mut run, 1); // generation 2: a, c
+    assert_eq!(b_returns(&mut run, 2), Ok(3));
+    lose_b(&mut run, 3); // generation 4
+    assert_eq!(run.lost_in_a_row("b"), [1, 3], "generation 2 was without b: the row goes on");
+    assert_eq!(b_returns(&mut run, 4), Ok(5));
+    lose_b(&mut run, 5); // generation 6
+    let err = run.join(&join("b", 0), t0, 1).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        err.to_string(),
+        "member \"b\" is left out of run \"r\": it was lost in 3 of its generations in a row ([1, 3, 5]), and a member lost 3 times in a row does not join again"
+    );
+    assert!(run.lost_in_a_row("a").is_empty(), "a was in every generation, never lost");
+    assert_eq!(run.running().map(|g| g.number), Some(6), "the others' world runs on");
+}
+
+#[test]
+fn a_generation_a_member_ends_without_being_lost_breaks_its_row() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b", "c"], t0);
+    let lost = End::of(v1::EndKind::ClosedConnection, &["b"]);
+    run.join(&rejoin("a", 1, 1, lost.clone()), t0, 1).unwrap();
+    run.join(&rejoin("c", 1, 1, lost), t0, 1).unwrap();
+    assert!(run.try_close(t0, 1));
+    run.join(&join("b", 0), t0, 1).unwrap();
+    let added = End::of(v1::EndKind::MemberAdded, &["b"]);
+    run.join(&rejoin("a", 2, 2, added.clone()), t0, 1).unwrap();
+    run.join(&rejoin("c", 2, 2, added), t0, 1).unwrap();
+    assert!(run.try_close(t0, 1));
+    assert_eq!(run.lost_in_a_row("b"), [1]);
+    // Generation 3 ends by a's loss: b was in it and not lost.
+    let lose_a = End::of(v1::EndKind::ClosedConnection, &["a"]);
+    run.join(&rejoin("b", 3, 3, lose_a.clone()), t0, 1).unwrap();
+    run.join(&rejoin("c", 3, 3, lose_a), t0, 1).unwrap();
+    assert!(run.lost_in_a_row("b").is_empty(), "{:?}", run.lost_in_a_row("b"));
+    assert_eq!(run.lost_in_a_row("a"), [3]);
+}
