@@ -12,6 +12,9 @@
 //! the way to the lost rank names it from the kernel's retransmission state,
 //! the one waiting on it names it as the rank it waited for, and the cut-off
 //! rank gives up too (its metrics push to the coordinator is bounded).
+//!
+//! In an elastic run (`--world 2:3`) the same cut costs the others one step:
+//! they re-form without the cut-off member at the deadline and finish.
 
 mod common;
 
@@ -21,7 +24,10 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{OnceLock, mpsc};
 use std::time::Duration;
 
-use common::{DROVE, assets, read_latest, relative_difference, run, text, under_run};
+use common::{
+    DROVE, assert_each_once, assets, read_latest, relative_difference, run, text, tiny_model, traced,
+    under_run,
+};
 
 /// Runs `ip ARGS`, failing with its stderr.
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -365,4 +371,87 @@ fn a_namespace_cut_off_mid_run_is_named_by_the_others_within_the_deadline() {
         took < Duration::from_secs(TIMEOUT_S + 40),
         "the ranks took {took:.1?} to fail after the cut (deadline {TIMEOUT_S} s)"
     );
+}
+
+/// Sentences of the elastic run: 100 steps of 3 members x 2 rows, so the
+/// cut lands mid-run and most of the epoch is left for the world of 2.
+const ELASTIC_SENTENCES: usize = 600;
+
+#[test]
+fn an_elastic_member_whose_namespace_is_cut_off_is_lost_and_the_others_finish() {
+    let _one = serial();
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    const TIMEOUT_S: u64 = 5;
+    let net = Net::new(4).expect("building the namespaces");
+    let dir = tempfile::tempdir().unwrap();
+    let mut reaper = Reaper(Vec::new());
+    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+    let model = tiny_model(dir.path());
+    let (tx, lines) = mpsc::channel();
+    let mut members: Vec<_> = (0..3)
+        .map(|m| {
+            let mut cmd = net.exec(1 + m, Path::new(DROVE));
+            cmd.args(["train", "ner", "--world", "2:3", "--bucket-window", "0", "--batch-size", "2"])
+                .args(["--epochs", "1", "--max-train-sentences", &ELASTIC_SENTENCES.to_string()])
+                .args(["--eval", "", "--workers", "1", "--log-every", "1", "--dropout", "0", "--random-init"])
+                .arg("--data")
+                .arg(assets().join("conll2003"))
+                .arg("--model")
+                .arg(&model)
+                .arg("--out")
+                .arg(dir.path().join(format!("out-{m}")))
+                .arg("--trace-samples")
+                .arg(dir.path().join("trace.jsonl"))
+                .env("DROVE_COORDINATOR", &coord)
+                .env("DROVE_RUN_ID", "cut-elastic")
+                .env("DROVE_MEMBER_ID", format!("m{m}"))
+                .env("DROVE_COMM_TRANSPORT", "tcp")
+                .env("DROVE_COMM_TIMEOUT", TIMEOUT_S.to_string())
+                .env("DROVE_RENDEZVOUS_TIMEOUT_SECS", "30")
+                .env("RAYON_NUM_THREADS", "1")
+                .env("RUST_LOG", "warn");
+            start(cmd, m, &mut reaper, tx.clone())
+        })
+        .collect();
+    drop(tx);
+    let mut logs: Vec<Vec<String>> = vec![Vec::new(); 3];
+    loop {
+        let (m, line) = lines.recv_timeout(Duration::from_secs(300)).expect("no step 3 within 300 s");
+        let third = line.starts_with("step 3/");
+        logs[m].push(line);
+        if third {
+            break;
+        }
+    }
+    net.cut(3).expect("setting member m2's link down");
+    let cut = std::time::Instant::now();
+
+    // m0 and m1 re-form without m2 at the deadline and finish the epoch.
+    let limit = Duration::from_secs(TIMEOUT_S + 120);
+    let mut status = [None, None];
+    while status.iter().any(Option::is_none) {
+        for (m, child) in members.iter_mut().take(2).enumerate() {
+            if status[m].is_none() {
+                status[m] = child.try_wait().expect("waiting for a member");
+            }
+        }
+        assert!(cut.elapsed() < limit, "members still running {:?} after the cut\n{logs:#?}", cut.elapsed());
+        match lines.recv_timeout(Duration::from_millis(200)) {
+            Ok((m, line)) => logs[m].push(line),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::yield_now(),
+        }
+    }
+    for (m, s) in status.iter().enumerate() {
+        assert!(s.expect("exited").success(), "member m{m} failed after the cut:\n{}", logs[m].join("\n"));
+    }
+    let _ = members[2].kill();
+    let (worlds, applied) = traced(dir.path());
+    assert_eq!(worlds, [(1, 3), (2, 2)], "3 members, then 2 without the cut-off one:\n{logs:#?}");
+    assert_each_once(&applied, ELASTIC_SENTENCES);
+    let reformed = logs[..2].concat().into_iter().find(|l| l.contains("generation 2: rank 0 of 2"));
+    assert!(reformed.is_some(), "rank 0 of the new world says it re-formed:\n{logs:#?}");
 }

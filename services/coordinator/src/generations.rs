@@ -692,11 +692,25 @@ impl Elastic {
             return;
         }
         g.last_step = g.last_step.max(j.step);
-        if j.cause.names_losses() {
-            g.lost.extend(j.cause.members.iter().filter(|m| **m != j.member_id).cloned());
-        }
+        // A member that re-joins is not lost, whoever named it: a survivor
+        // that dropped its connections to re-form looks lost to the others.
+        g.lost.remove(&j.member_id);
         let number = g.number;
+        let named = self.named_lost(&j.cause, &j.member_id);
+        if let Some(g) = self.generation_mut(number) {
+            g.lost.extend(named);
+        }
         self.touch(number);
+    }
+
+    /// The members `cause` names lost, but for `joiner` and those already
+    /// back in the forming generation.
+    fn named_lost(&self, cause: &End, joiner: &str) -> Vec<String> {
+        if !cause.names_losses() {
+            return Vec::new();
+        }
+        let back = |m: &str| self.forming().is_some_and(|f| f.member(m).is_some());
+        cause.members.iter().filter(|m| *m != joiner && !back(m)).cloned().collect()
     }
 
     /// The running generation, on a join to the next: ended if the joiner is
@@ -706,25 +720,27 @@ impl Elastic {
         let Some(r) = self.generations.iter_mut().rev().find(|g| g.state == GenerationState::Running) else {
             return;
         };
-        if r.member(&j.member_id).is_some() {
-            r.last_step = r.last_step.max(j.step);
-            let end = if j.cause.kind != v1::EndKind::Unspecified {
-                j.cause.clone()
-            } else {
-                r.reform.clone().unwrap_or_else(|| End {
-                    kind: v1::EndKind::Unspecified,
-                    members: Vec::new(),
-                    detail: format!("member {:?} re-joined (after generation {})", j.member_id, j.after),
-                })
-            };
-            if end.names_losses() {
-                r.lost.extend(end.members.iter().filter(|m| **m != j.member_id).cloned());
-            }
-            r.finish(end, now_ms);
-        } else {
-            End::merge(&mut r.reform, v1::EndKind::MemberAdded, &j.member_id);
-        }
         let number = r.number;
+        if r.member(&j.member_id).is_none() {
+            End::merge(&mut r.reform, v1::EndKind::MemberAdded, &j.member_id);
+            self.touch(number);
+            return;
+        }
+        r.last_step = r.last_step.max(j.step);
+        let end = if j.cause.kind != v1::EndKind::Unspecified {
+            j.cause.clone()
+        } else {
+            r.reform.clone().unwrap_or_else(|| End {
+                kind: v1::EndKind::Unspecified,
+                members: Vec::new(),
+                detail: format!("member {:?} re-joined (after generation {})", j.member_id, j.after),
+            })
+        };
+        r.lost.remove(&j.member_id);
+        let named = self.named_lost(&end, &j.member_id);
+        let r = self.generation_mut(number).expect("found above");
+        r.lost.extend(named);
+        r.finish(end, now_ms);
         self.touch(number);
     }
 

@@ -2,7 +2,7 @@
 //! wrappers, and checkpoints read back for comparison.
 #![allow(dead_code)] // each test file uses its own part
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead as _, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -318,4 +318,43 @@ pub fn assert_listed_run(store: &Path, run_id: &str, state: &str, restarts: u64)
         (Some(run_id), Some(state), Some(restarts)),
         "{runs}"
     );
+}
+
+/// A BERT of MiniLM's vocabulary but 2 layers of width 32, to start from
+/// random weights (`--random-init`): the tests of membership need the loop's
+/// mechanics, not a model worth evaluating.
+pub fn tiny_model(dir: &Path) -> PathBuf {
+    let model = dir.join("tiny-model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(assets().join("minilm/vocab.txt"), model.join("vocab.txt")).unwrap();
+    let config = serde_json::json!({
+        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+        "vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2, "hidden_act": "gelu",
+        "layer_norm_eps": 1e-12, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+        "pad_token_id": 0, "model_type": "bert"
+    });
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    model
+}
+
+/// The trace's (generation, world) pairs, and how often each sample was applied.
+pub fn traced(dir: &Path) -> (Vec<(u64, usize)>, BTreeMap<usize, usize>) {
+    let (mut worlds, mut applied) = (Vec::new(), BTreeMap::new());
+    let trace = std::fs::read_to_string(dir.join("trace.jsonl")).expect("the trace was written");
+    for line in trace.lines() {
+        let line: drove_ner::TraceLine = serde_json::from_str(line).expect("a trace line");
+        worlds.push((line.generation, line.world));
+        for (sample, _) in line.samples {
+            *applied.entry(sample).or_insert(0) += 1;
+        }
+    }
+    worlds.sort_unstable();
+    worlds.dedup();
+    (worlds, applied)
+}
+
+/// Every sample of `0..n` applied exactly once.
+pub fn assert_each_once(applied: &BTreeMap<usize, usize>, n: usize) {
+    assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..n).collect::<Vec<_>>(), "a sample missing");
+    assert!(applied.values().all(|&k| k == 1), "a sample applied twice: {applied:?}");
 }

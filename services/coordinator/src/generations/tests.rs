@@ -333,3 +333,22 @@ fn a_generation_a_member_ends_without_being_lost_breaks_its_row() {
     assert!(run.lost_in_a_row("b").is_empty(), "{:?}", run.lost_in_a_row("b"));
     assert_eq!(run.lost_in_a_row("a"), [3]);
 }
+
+#[test]
+fn a_survivor_named_lost_by_another_that_re_joins_is_not_lost() {
+    let t0 = Instant::now();
+    let mut run = running(&["a", "b", "c"], t0);
+    // c is gone; a re-joins first, dropping its connections, so b sees a
+    // closed connection from a and names it.
+    let c_lost = End::of(v1::EndKind::ClosedConnection, &["c"]);
+    run.join(&rejoin("a", 1, 5, c_lost.clone()), t0, 1).unwrap();
+    run.join(&rejoin("b", 1, 5, End::of(v1::EndKind::ClosedConnection, &["a"])), t0, 1).unwrap();
+    assert!(run.try_close(t0, 1), "a and b back, c lost");
+    assert_eq!(run.generation(1).unwrap().lost, BTreeSet::from(["c".to_string()]));
+    assert!(run.lost_in_a_row("a").is_empty());
+    // Named before it re-joins: back all the same.
+    let mut run = running(&["a", "b", "c"], t0);
+    run.join(&rejoin("b", 1, 5, End::of(v1::EndKind::ClosedConnection, &["a"])), t0, 1).unwrap();
+    run.join(&rejoin("a", 1, 5, c_lost), t0, 1).unwrap();
+    assert_eq!(run.generation(1).unwrap().lost, BTreeSet::from(["c".to_string()]));
+}
