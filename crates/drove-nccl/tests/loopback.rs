@@ -270,82 +270,64 @@ fn mesh_in(dir: &std::path::Path, rank: usize, n: usize) -> Communicator {
     Communicator::connect(&rv, mesh_options(Duration::from_secs(20))).unwrap()
 }
 
+/// Fresh loopback devices by world size, each taken once by rank: a new
+/// device for each generation, as `Nccl::new` makes one on the same GPU.
+type Pools = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<usize, Vec<Option<Loopback>>>>>;
+
+/// What one rank of the elastic test saw: generation 1's sum, the world of
+/// its second `comm_for`, and (for the survivors) the loss and generation 2's sum.
+type Seen = (Vec<f32>, usize, Option<String>, Option<Vec<f32>>);
+
+/// Rank `rank` of the elastic test: generation 1 of 3 ranks through `dirs.0`;
+/// rank 2 then leaves, and the others go on in generation 2 through `dirs.1`.
+fn elastic_rank(rank: usize, pools: Pools, dirs: (std::path::PathBuf, std::path::PathBuf)) -> Seen {
+    let make = Box::new(move |place: drove_comm::Place| {
+        let mut pools = pools.lock().unwrap();
+        Ok(pools.get_mut(&place.world().get()).unwrap()[place.rank().get()].take().unwrap())
+    });
+    let mut device = drove_nccl::ElasticDevice::new(make, DeviceOptions::default());
+    let sum =
+        |device: &mut drove_nccl::ElasticDevice<Loopback>, mesh: &Communicator, g: u64, v: &mut [f32]| {
+            let comm = device.comm_for(mesh, g)?;
+            unsafe { comm.all_reduce(mesh, "g", slice(v), ReduceOptions::sum()) }
+        };
+    let mesh = mesh_in(&dirs.0, rank, 3);
+    let mut v = vec![rank as f32 + 1.0; 2];
+    sum(&mut device, &mesh, 1, &mut v).unwrap();
+    let same = device.comm_for(&mesh, 1).map(|c| c.world_size()).unwrap();
+    if rank == 2 {
+        return (v, same, None, None); // gone: its mesh and device dropped
+    }
+    // The survivors' next op fails naming the lost rank ...
+    let lost = sum(&mut device, &mesh, 1, &mut [1.0, 1.0]).unwrap_err();
+    drop(mesh);
+    // ... and in the next world they reduce again, on a new communicator.
+    let mesh = mesh_in(&dirs.1, rank, 2);
+    let mut x = vec![rank as f32 + 10.0; 2];
+    sum(&mut device, &mesh, 2, &mut x).unwrap();
+    assert_eq!(device.generation(), Some(2));
+    (v, same, Some(lost.to_string()), Some(x))
+}
+
 #[test]
 fn an_elastic_world_re_forms_its_device_communicator_without_the_lost_rank() {
-    use drove_nccl::ElasticDevice;
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
-    // One loopback world per world size, its devices taken by rank: a fresh
-    // device for each generation, as `Nccl::new` makes one on the same GPU.
     let (first, first_devices) = LoopbackWorld::new(3);
     let (second, second_devices) = LoopbackWorld::new(2);
-    let pools: HashMap<usize, Vec<Option<Loopback>>> = HashMap::from([
+    let pools: Pools = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::from([
         (3, first_devices.into_iter().map(Some).collect()),
         (2, second_devices.into_iter().map(Some).collect()),
-    ]);
-    let pools = Arc::new(Mutex::new(pools));
-    let (dirs, dir1, dir2) = {
-        let d = tempfile::tempdir().unwrap();
-        let (a, b) = (d.path().join("generation-1"), d.path().join("generation-2"));
-        std::fs::create_dir_all(&a).unwrap();
-        std::fs::create_dir_all(&b).unwrap();
-        (d, a, b)
-    };
+    ])));
+    let dir = tempfile::tempdir().unwrap();
+    let dirs = (dir.path().join("generation-1"), dir.path().join("generation-2"));
+    std::fs::create_dir_all(&dirs.0).unwrap();
+    std::fs::create_dir_all(&dirs.1).unwrap();
     let threads: Vec<_> = (0..3)
         .map(|rank| {
-            let (pools, dir1, dir2) = (pools.clone(), dir1.clone(), dir2.clone());
-            std::thread::spawn(move || {
-                let make = Box::new(move |place: drove_comm::Place| {
-                    let mut pools = pools.lock().unwrap();
-                    Ok(pools.get_mut(&place.world().get()).unwrap()[place.rank().get()].take().unwrap())
-                });
-                let mut device = ElasticDevice::new(make, DeviceOptions::default());
-                let mesh = mesh_in(&dir1, rank, 3);
-                let mut v = vec![rank as f32 + 1.0; 2];
-                unsafe {
-                    device.comm_for(&mesh, 1).unwrap().all_reduce(
-                        &mesh,
-                        "g",
-                        slice(&mut v),
-                        ReduceOptions::sum(),
-                    )
-                }
-                .unwrap();
-                let same = device.comm_for(&mesh, 1).map(|c| c.world_size()).unwrap();
-                if rank == 2 {
-                    return (v, same, None, None); // gone: its mesh and device dropped
-                }
-                // The survivors' next op fails naming the lost rank ...
-                let mut w = vec![1.0f32; 2];
-                let lost = unsafe {
-                    device.comm_for(&mesh, 1).unwrap().all_reduce(
-                        &mesh,
-                        "g",
-                        slice(&mut w),
-                        ReduceOptions::sum(),
-                    )
-                }
-                .unwrap_err();
-                drop(mesh);
-                // ... and in the next world they reduce again, on a new communicator.
-                let mesh = mesh_in(&dir2, rank, 2);
-                let mut x = vec![rank as f32 + 10.0; 2];
-                unsafe {
-                    device.comm_for(&mesh, 2).unwrap().all_reduce(
-                        &mesh,
-                        "g",
-                        slice(&mut x),
-                        ReduceOptions::sum(),
-                    )
-                }
-                .unwrap();
-                assert_eq!(device.generation(), Some(2));
-                (v, same, Some(lost.to_string()), Some(x))
-            })
+            let (pools, dirs) = (pools.clone(), dirs.clone());
+            std::thread::spawn(move || elastic_rank(rank, pools, dirs))
         })
         .collect();
     let out: Vec<_> = threads.into_iter().map(|t| t.join().expect("rank thread")).collect();
-    drop(dirs);
     for (rank, (v, same, lost, x)) in out.into_iter().enumerate() {
         assert_eq!((v, same), (vec![6.0, 6.0], 3), "generation 1 on rank {rank}");
         if rank < 2 {
