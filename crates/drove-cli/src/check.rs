@@ -1,7 +1,10 @@
 //! `drove check`: a small program to run under a launcher (`drove run --np 4 --
-//! drove check`). Each rank joins the others the way a trainer does
-//! (`Communicator::from_env`), all-reduces its rank, and prints
-//! `rank R of N: sum of ranks = S`.
+//! drove check`, `mpirun`, `srun`, torchrun-style variables). Each rank joins
+//! the others the way a trainer does (`drove_launch::LaunchEnv`: rank 0
+//! serves the coordinator where the launcher names a place for it),
+//! all-reduces its rank, and prints `rank R of N: sum of ranks = S`; with
+//! `--json`, also which launcher placed it, where the coordinator came from,
+//! and the run id.
 //!
 //! `--fail-with CODE --rank-to-fail R` makes rank R fail the way a rank that
 //! crashes during start-up does: with a coordinator (`DROVE_COORDINATOR`), it
@@ -16,9 +19,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Args;
-use drove_comm::{Collective, Communicator, CoordinatorRendezvous, Element, ReduceOptions, Rendezvous};
+use drove_comm::{CoordinatorRendezvous, Element, ReduceOptions, Rendezvous};
 use serde_json::json;
 
 /// Settings of `drove check`.
@@ -73,28 +76,41 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(fail(code, args.rank_to_fail));
     }
-    let comm = Communicator::from_env().context(
+    let served = launch.serve_coordinator()?;
+    let comm = launch.communicator().context(
         "joining the other ranks (drove check runs under a launcher: drove run --np 2 -- drove check)",
     )?;
-    let (rank, world) = (comm.rank(), comm.world_size());
+    let (rank, world, transport) = (comm.rank(), comm.world_size(), comm.transport());
     if let Some(code) = args.fail_with
         && rank == args.rank_to_fail
     {
         return Ok(fail(code, rank));
     }
     let mut sum = [rank as i64];
-    comm.all_reduce("drove.check.ranks", &[1], i64::tensor_mut(&mut sum), ReduceOptions::sum())
-        .context("all-reducing the ranks")?;
+    let summed = comm
+        .all_reduce("drove.check.ranks", &[1], i64::tensor_mut(&mut sum), ReduceOptions::sum())
+        .context("all-reducing the ranks");
     let expected = (world * world.saturating_sub(1) / 2) as i64;
-    if sum[0] != expected {
-        bail!("the all-reduce of the ranks gave {}, expected {expected}", sum[0]);
-    }
+    let outcome = summed.and_then(|()| {
+        if sum[0] == expected {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!("the all-reduce of the ranks gave {}, expected {expected}", sum[0]))
+        }
+    });
+    drop(comm);
+    let error = outcome.as_ref().err().map(|e| format!("{e:#}"));
+    launch.finish(rank, error.as_deref(), served);
+    outcome?;
     if args.json {
         let report = json!({
             "rank": rank,
             "world_size": world,
             "sum": sum[0],
-            "transport": comm.transport(),
+            "transport": transport,
+            "launcher": launch.launcher.map(|l| l.as_str()),
+            "coordinator": launch.coordinator_source.map(|s| s.as_str()),
+            "run_id": launch.run_id,
         });
         println!("{report}");
     } else {

@@ -27,19 +27,21 @@ pub struct Gpu {
 const BUILD_HINT: &str = "this drove was built without GPU support: build it with \
      `cargo build --release -p drove-cli --features cuda,nccl` (the CUDA libraries are loaded at run time)";
 
-/// Opens the GPU `choice` names, or `None` for the CPU. Runs before the rank
-/// joins the others, so a missing GPU fails at once.
-pub fn open(choice: DeviceChoice) -> anyhow::Result<Option<Gpu>> {
+/// Opens the GPU `choice` names (`cuda` alone: the one of `local_rank`, the
+/// rank's place on its host, whichever launcher gave it), or `None` for the
+/// CPU. Runs before the rank joins the others, so a missing GPU fails at once.
+pub fn open(choice: DeviceChoice, local_rank: usize) -> anyhow::Result<Option<Gpu>> {
     let DeviceChoice::Cuda(n) = choice else { return Ok(None) };
     #[cfg(feature = "cuda")]
     {
-        let ordinal = drove_train::gpu::gpu_ordinal_from_env(n);
+        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let ordinal = drove_train::gpu::gpu_ordinal(n, local_rank, visible.as_deref());
         let device = drove_train::cuda::open_gpu(ordinal).with_context(|| format!("--device {choice}"))?;
         Ok(Some(Gpu { ordinal, device }))
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = n;
+        let _ = (n, local_rank);
         anyhow::bail!("--device {choice}: {BUILD_HINT}")
     }
 }

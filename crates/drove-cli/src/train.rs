@@ -415,7 +415,9 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         opts.resume = true;
     }
     // Before joining the other ranks: a missing GPU fails at once.
-    let gpu = gpu::open(args.device)?;
+    let gpu = gpu::open(args.device, launch.local_rank)?;
+    // Rank 0 serves the coordinator where the launcher names a place for it.
+    let served = launch.serve_coordinator()?;
     let ranks = match launch.elastic {
         Some(_) if gpu.is_some() => {
             return Err(anyhow!("an elastic run (--world) trains on the CPU only for now: drop --device"));
@@ -446,19 +448,29 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         record_options(&reporter, &opts, comm.world_size(), restart);
     }
     let summary = ranks.train(&opts, gpu.as_ref(), &mut reporter);
+    drop(ranks);
+    // Under mpirun or srun each rank leaves the run itself, after its last
+    // metrics; rank 0 keeps its coordinator up until all have.
+    let error = summary.as_ref().err().map(|e| format!("rank {rank}: {e}"));
     let summary = match summary {
         Ok(s) => s,
         Err(e @ NerError::IdenticalMasks { .. }) => {
             close_metrics(&mut reporter, rank);
+            launch.finish(rank, error.as_deref(), served);
             eprintln!("error: rank {rank}: {e}");
             return Ok(ExitCode::from(IDENTICAL_MASKS_EXIT));
         }
-        Err(e) => return Err(anyhow!("rank {rank}: {e}")),
+        Err(e) => {
+            close_metrics(&mut reporter, rank);
+            launch.finish(rank, error.as_deref(), served);
+            return Err(anyhow!("rank {rank}: {e}"));
+        }
     };
     if let Some(bar) = reporter.progress.bar.take() {
         bar.finish_and_clear();
     }
     close_metrics(&mut reporter, rank);
+    launch.finish(rank, None, served);
     if rank == 0 {
         print_summary(&summary, args.json);
     }
@@ -545,7 +557,7 @@ fn peak_rss_bytes() -> Option<u64> {
 /// `drove bench train`.
 pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
     let out = tempfile::tempdir().context("creating a scratch folder")?;
-    let gpu = gpu::open(args.device)?;
+    let gpu = gpu::open(args.device, drove_launch::LaunchEnv::from_env()?.local_rank)?;
     let placement = placement(args.placement, args.device);
     let micro = micro_batches(args.micro_batches, args.device);
     let opts = NerOptions {

@@ -145,6 +145,13 @@ pub trait Collective: Send + Sync {
     /// Waits until every rank reaches the barrier.
     fn barrier(&self, name: &str) -> Result<(), CommError>;
 
+    /// How the ranks' bytes move, for reports: `"shm"` or `"tcp"` for a
+    /// [`Communicator`], `"none"` by default (one rank, or a collective
+    /// that does not say).
+    fn transport(&self) -> &'static str {
+        "none"
+    }
+
     /// Checks that every rank is about to run the op `spec` describes, without
     /// moving its data: the description exchange every op of this trait starts
     /// with, for a backend whose data moves elsewhere (NCCL on a GPU). On a
@@ -583,6 +590,10 @@ fn setup_shm(mesh: &mut Mesh, opts: &CommOptions, deadline: Instant) -> Result<O
 impl Collective for Communicator {
     fn rank(&self) -> usize {
         self.shared.place.rank().get()
+    }
+
+    fn transport(&self) -> &'static str {
+        self.shared.transport
     }
 
     fn world_size(&self) -> usize {

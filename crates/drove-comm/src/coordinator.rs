@@ -36,6 +36,9 @@ pub struct CoordinatorRendezvous {
     pub(crate) heartbeat: Option<Duration>,
     /// The launcher's restart count (`DROVE_RESTART_COUNT`), told at join.
     restart_count: u32,
+    /// Whether a join waits (until its deadline) for a coordinator that is
+    /// not up yet: one that rank 0 serves, as torch's TCPStore clients wait.
+    wait_for_coordinator: bool,
 }
 
 impl std::fmt::Debug for CoordinatorRendezvous {
@@ -92,6 +95,7 @@ impl CoordinatorRendezvous {
             runtime,
             heartbeat: Some(DEFAULT_HEARTBEAT),
             restart_count: 0,
+            wait_for_coordinator: false,
         })
     }
 
@@ -142,6 +146,13 @@ impl CoordinatorRendezvous {
         Ok(rv)
     }
 
+    /// Whether a join waits, until its deadline, for a coordinator that is
+    /// not up yet (one that rank 0 serves: the other ranks may start first).
+    pub fn waiting_for_coordinator(mut self, wait: bool) -> Self {
+        self.wait_for_coordinator = wait;
+        self
+    }
+
     /// Tells the coordinator this rank is done (with an error message if it failed).
     pub fn leave(&self, rank: Rank, error: Option<&str>) -> Result<(), CommError> {
         self.runtime.block_on(async {
@@ -161,6 +172,37 @@ impl CoordinatorRendezvous {
 }
 
 impl CoordinatorRendezvous {
+    /// One fixed-world join; while the coordinator is not up yet and this
+    /// rendezvous waits for it, tried again (after 50 ms, doubling to at
+    /// most 1 s) until `deadline`.
+    async fn join_waiting(
+        &self,
+        mut request: JoinRequest,
+        deadline: Instant,
+    ) -> Result<drove_proto::v1::JoinResponse, CommError> {
+        let what = || format!("joining run {:?} at {}", self.run_id, self.addr);
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            request.timeout_ms = left.as_millis().max(1) as i64;
+            let answer = match Clients::connect(&self.addr, self.token.as_deref()).await {
+                Ok(mut c) => c.rendezvous.join(request.clone()).await.map(tonic::Response::into_inner),
+                Err(e) => Err(tonic::Status::unavailable(format!("cannot reach the coordinator: {e}"))),
+            };
+            let status = match answer {
+                Ok(response) => return Ok(response),
+                Err(status) => status,
+            };
+            let down = matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown);
+            if !(self.wait_for_coordinator && down && !left.is_zero()) {
+                return Err(rendezvous_err(format!("{}: {}", what(), status.message())));
+            }
+            tracing::debug!("{}: {} (waiting for it to come up)", what(), status.message());
+            tokio::time::sleep(backoff.min(left)).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
     /// The address peers reach `listening` at (the address that routes to
     /// the coordinator when it listens on every interface).
     fn advertised(&self, listening: SocketAddr) -> SocketAddr {
@@ -435,25 +477,18 @@ impl Rendezvous for CoordinatorRendezvous {
     fn exchange(&self, listening: SocketAddr, deadline: Instant) -> Result<PeerTable, CommError> {
         let advertised = self.advertised(listening);
         let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let request = JoinRequest {
+            run_id: self.run_id.clone(),
+            world_size: i32::try_from(self.request.world().get()).unwrap_or(i32::MAX),
+            address: advertised.to_string(),
+            host: self.host.clone(),
+            requested_rank: self.request.rank().map_or(-1, wire_rank),
+            timeout_ms: timeout.as_millis() as i64,
+            restart_count: i32::try_from(self.restart_count).unwrap_or(i32::MAX),
+            ..Default::default()
+        };
         let table = self.runtime.block_on(async {
-            let mut c = Clients::connect(&self.addr, self.token.as_deref()).await.map_err(rendezvous_err)?;
-            let resp = c
-                .rendezvous
-                .join(JoinRequest {
-                    run_id: self.run_id.clone(),
-                    world_size: i32::try_from(self.request.world().get()).unwrap_or(i32::MAX),
-                    address: advertised.to_string(),
-                    host: self.host.clone(),
-                    requested_rank: self.request.rank().map_or(-1, wire_rank),
-                    timeout_ms: timeout.as_millis() as i64,
-                    restart_count: i32::try_from(self.restart_count).unwrap_or(i32::MAX),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|s| {
-                    rendezvous_err(format!("joining run {:?} at {}: {}", self.run_id, self.addr, s.message()))
-                })?
-                .into_inner();
+            let resp = self.join_waiting(request, deadline).await?;
             let addrs = peer_addrs(&resp.peers)?;
             let (rank, given) = (usize::try_from(resp.rank).unwrap_or(usize::MAX), addrs.len());
             PeerTable::new(Rank::new(rank), addrs).map_err(|_| {

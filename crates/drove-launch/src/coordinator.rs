@@ -183,6 +183,16 @@ pub(crate) async fn check_run_is_free_or_elastic(
     }
 }
 
+/// The run's state on the coordinator: `None` if it does not know the run;
+/// `Unspecified` if it did not answer.
+pub(crate) async fn run_state(clients: &mut Clients, run_id: &str) -> Option<RunState> {
+    match tokio::time::timeout(CALL_DEADLINE, clients.rendezvous.heartbeat(observe(run_id))).await {
+        Ok(Ok(reply)) => Some(reply.into_inner().state()),
+        Ok(Err(s)) if s.code() == Code::NotFound => None,
+        _ => Some(RunState::Unspecified),
+    }
+}
+
 fn observe(run_id: &str) -> HeartbeatRequest {
     HeartbeatRequest { run_id: run_id.to_string(), rank: 0, observer: true, ..Default::default() }
 }

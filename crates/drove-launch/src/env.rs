@@ -1,5 +1,6 @@
 //! The launch environment: every variable a launcher (`drove run`, a
-//! Kubernetes Indexed Job, a script) hands a rank, read once into a type.
+//! Kubernetes Indexed Job, `mpirun`, `srun`, torchrun, a script) hands a
+//! rank, read once into a type.
 //!
 //! The names are constants in [`var`], so the launcher that writes them and the
 //! rank that reads them cannot drift apart. A malformed value is an error
@@ -12,7 +13,10 @@ use std::time::Duration;
 use drove_comm::{Rank, RankRequest, WorldRange, WorldSize};
 
 use crate::error::EnvError;
+use crate::launchers::{self, Launcher, Placement};
+use crate::nodelist;
 use crate::progress::ProgressMode;
+use crate::served::{CoordinatorSource, slurm_default_port};
 
 /// The variables' names.
 pub mod var {
@@ -56,6 +60,26 @@ pub mod var {
     /// How long an elastic member waits for its next world to form, in
     /// seconds (default 600); below MIN that long, the run fails.
     pub const RENDEZVOUS_TIMEOUT_SECS: &str = "DROVE_RENDEZVOUS_TIMEOUT_SECS";
+    /// The port rank 0 serves the coordinator on in a Slurm step (default
+    /// 29400 plus the job id modulo 1000).
+    pub const COORDINATOR_PORT: &str = "DROVE_COORDINATOR_PORT";
+    /// torchrun's and PyTorchJob's meeting host: rank 0 serves the
+    /// coordinator at `MASTER_ADDR:MASTER_PORT`.
+    pub const MASTER_ADDR: &str = "MASTER_ADDR";
+    /// torchrun's and PyTorchJob's meeting port.
+    pub const MASTER_PORT: &str = "MASTER_PORT";
+    /// The hosts of a Slurm job, e.g. `node[01-04,07]`.
+    pub const SLURM_JOB_NODELIST: &str = "SLURM_JOB_NODELIST";
+    /// A Slurm job's id (the run id of its ranks by default).
+    pub const SLURM_JOB_ID: &str = "SLURM_JOB_ID";
+    /// A Slurm step's id within its job.
+    pub const SLURM_STEP_ID: &str = "SLURM_STEP_ID";
+    /// The Slurm node a task runs on.
+    pub const SLURMD_NODENAME: &str = "SLURMD_NODENAME";
+    /// An OpenMPI job's id (the run id of its ranks by default).
+    pub const OMPI_JOB_ID: &str = "OMPI_MCA_ess_base_jobid";
+    /// torchrun's run id (`none` when not given).
+    pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
 }
 
 /// How the ranks find each other.
@@ -74,18 +98,27 @@ pub enum RendezvousKind {
 /// What a launcher told this process, read and checked once.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaunchEnv {
-    /// The world (`DROVE_WORLD_SIZE`) and the rank in it (`DROVE_RANK`, or
-    /// `JOB_COMPLETION_INDEX`; else any free one), checked together; `None`
-    /// when alone without a world size.
+    /// The world and the rank in it, checked together: drove's
+    /// (`DROVE_WORLD_SIZE` with `DROVE_RANK` or `JOB_COMPLETION_INDEX`, else
+    /// any free rank), or another launcher's (see [`Launcher`]); `None` when
+    /// alone, or an elastic member (each world gives it one).
     pub place: Option<RankRequest>,
-    /// `DROVE_LOCAL_RANK` (0 if unset).
+    /// The launcher that placed this process, if one did.
+    pub launcher: Option<Launcher>,
+    /// `DROVE_LOCAL_RANK`, else the launcher's local rank (0 if neither).
     pub local_rank: usize,
-    /// `DROVE_LOCAL_WORLD_SIZE`, if set.
+    /// `DROVE_LOCAL_WORLD_SIZE`, else the launcher's, if either is set.
     pub local_world_size: Option<usize>,
-    /// `DROVE_RUN_ID`, if set.
+    /// `DROVE_RUN_ID`, else the launcher's job (`slurm-JOB.STEP`,
+    /// `openmpi-JOB`, `torchrun-ID`, a PyTorchJob's name), if either.
     pub run_id: Option<String>,
-    /// `DROVE_COORDINATOR`, if set.
+    /// The coordinator's address: `DROVE_COORDINATOR`, else the one rank 0
+    /// serves (`MASTER_ADDR:MASTER_PORT`, or a Slurm job's first host).
     pub coordinator: Option<String>,
+    /// Where [`coordinator`](Self::coordinator) comes from, if set.
+    pub coordinator_source: Option<CoordinatorSource>,
+    /// `SLURMD_NODENAME`: the Slurm node this task runs on, if it is one.
+    pub slurm_node: Option<String>,
     /// `DROVE_TOKEN`, if set and not empty.
     pub token: Option<String>,
     /// `DROVE_RESTART_COUNT` (0 if unset).
@@ -133,23 +166,53 @@ impl LaunchEnv {
         world: Option<WorldRange>,
     ) -> Result<Self, EnvError> {
         let read = Reader(&lookup);
-        let rendezvous = read.rendezvous();
         let elastic = match world {
             Some(range) => Some(range),
             None => read.elastic()?,
         };
-        let place = match (rendezvous, read.text(var::WORLD_SIZE)) {
-            (RendezvousKind::Alone, None) => None,
-            // An elastic member's rank and world come from each generation.
-            (_, None) if elastic.is_some() => None,
-            _ => Some(drove_comm::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?),
+        let drove_world = read.text(var::WORLD_SIZE).is_some();
+        let foreign = if drove_world { None } else { launchers::detect(&lookup)? };
+        let (place, launcher) = if drove_world {
+            let place = drove_comm::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?;
+            let by_index = read.text(var::RANK).is_none() && read.text(var::JOB_COMPLETION_INDEX).is_some();
+            (Some(place), Some(if by_index { Launcher::IndexedJob } else { Launcher::Drove }))
+        } else {
+            match foreign.filter(|_| elastic.is_none()) {
+                Some(p) => (Some(RankRequest::Given(p.place)), Some(p.launcher)),
+                None => (None, None),
+            }
         };
+        let (coordinator, coordinator_source) = read.coordinator(foreign.as_ref())?;
+        let rendezvous = read.rendezvous(coordinator.is_some());
+        if place.is_none() && elastic.is_none() && rendezvous != RendezvousKind::Alone {
+            // Under a rendezvous without a world: the missing variable, named.
+            drove_comm::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?;
+        }
+        if let Some(p) = foreign.filter(|p| place.is_some() && p.place.world().get() > 1)
+            && rendezvous == RendezvousKind::Alone
+        {
+            return Err(EnvError::Place(format!(
+                "{} placed this process as rank {} of {}, but nothing says where the ranks meet: set {} \
+                 (a running coordinator), or {} and {} (rank 0 serves one there)",
+                p.launcher,
+                p.place.rank(),
+                p.place.world(),
+                var::COORDINATOR,
+                var::MASTER_ADDR,
+                var::MASTER_PORT
+            )));
+        }
         Ok(LaunchEnv {
             place,
-            local_rank: read.number(var::LOCAL_RANK)?.unwrap_or(0),
-            local_world_size: read.number(var::LOCAL_WORLD_SIZE)?,
-            run_id: read.text(var::RUN_ID),
-            coordinator: read.text(var::COORDINATOR),
+            launcher,
+            local_rank: read.number(var::LOCAL_RANK)?.or(foreign.and_then(|p| p.local_rank)).unwrap_or(0),
+            local_world_size: read
+                .number(var::LOCAL_WORLD_SIZE)?
+                .or(foreign.and_then(|p| p.local_world_size)),
+            run_id: read.text(var::RUN_ID).or_else(|| read.job_run_id(launcher)),
+            coordinator,
+            coordinator_source,
+            slurm_node: read.text(var::SLURMD_NODENAME),
             token: read.text(var::TOKEN),
             restart_count: read.number(var::RESTART_COUNT)?.unwrap_or(0),
             progress: read.progress()?,
@@ -181,6 +244,12 @@ impl LaunchEnv {
     /// Whether this is a restart of the world (`DROVE_RESTART_COUNT` above 0).
     pub fn restarted(&self) -> bool {
         self.restart_count > 0
+    }
+
+    /// Whether a launcher other than drove's placed this process (then no
+    /// launcher tells the coordinator that its ranks left: they do).
+    pub fn placed_by_foreign_launcher(&self) -> bool {
+        self.launcher.is_some_and(|l| !matches!(l, Launcher::Drove | Launcher::IndexedJob))
     }
 }
 
@@ -230,8 +299,8 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
             .transpose()
     }
 
-    fn rendezvous(&self) -> RendezvousKind {
-        if self.text(var::COORDINATOR).is_some() {
+    fn rendezvous(&self, coordinator: bool) -> RendezvousKind {
+        if coordinator {
             RendezvousKind::Coordinator
         } else if self.text(var::RENDEZVOUS_DIR).is_some() {
             RendezvousKind::Directory
@@ -239,6 +308,77 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
             RendezvousKind::Peers
         } else {
             RendezvousKind::Alone
+        }
+    }
+
+    /// The coordinator and where it comes from: `DROVE_COORDINATOR`; else,
+    /// for a process another launcher placed, `MASTER_ADDR:MASTER_PORT`, or
+    /// in a Slurm job the first host of its node list.
+    fn coordinator(
+        &self,
+        foreign: Option<&Placement>,
+    ) -> Result<(Option<String>, Option<CoordinatorSource>), EnvError> {
+        if let Some(addr) = self.text(var::COORDINATOR) {
+            return Ok((Some(addr), Some(CoordinatorSource::Given)));
+        }
+        if foreign.is_none() {
+            return Ok((None, None));
+        }
+        match (self.text(var::MASTER_ADDR), self.port(var::MASTER_PORT)?) {
+            (Some(host), Some(port)) => {
+                return Ok((Some(format!("{}:{port}", host.trim())), Some(CoordinatorSource::Master)));
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(EnvError::Place(format!(
+                    "{} and {} go together (torchrun and PyTorchJob set both): one is set without the other",
+                    var::MASTER_ADDR,
+                    var::MASTER_PORT
+                )));
+            }
+            (None, None) => {}
+        }
+        let Some(list) = self.text(var::SLURM_JOB_NODELIST) else { return Ok((None, None)) };
+        let host = nodelist::first_host(&list)
+            .map_err(|e| EnvError::Place(format!("{}: {e}", var::SLURM_JOB_NODELIST)))?;
+        let port = match self.port(var::COORDINATOR_PORT)? {
+            Some(port) => port,
+            None => slurm_default_port(self.number(var::SLURM_JOB_ID)?.unwrap_or(0)),
+        };
+        Ok((Some(format!("{host}:{port}")), Some(CoordinatorSource::SlurmFirstHost)))
+    }
+
+    fn port(&self, name: &'static str) -> Result<Option<u16>, EnvError> {
+        self.text(name)
+            .map(|v| match v.trim().parse::<u16>() {
+                Ok(p) if p > 0 => Ok(p),
+                _ => Err(EnvError::Malformed { var: name, value: v, expected: "a port number (1 to 65535)" }),
+            })
+            .transpose()
+    }
+
+    /// The run id of `launcher`'s job, if it has one.
+    fn job_run_id(&self, launcher: Option<Launcher>) -> Option<String> {
+        match launcher? {
+            Launcher::Slurm => {
+                let job = self.text(var::SLURM_JOB_ID)?;
+                Some(match self.text(var::SLURM_STEP_ID) {
+                    Some(step) => format!("slurm-{}.{}", job.trim(), step.trim()),
+                    None => format!("slurm-{}", job.trim()),
+                })
+            }
+            Launcher::OpenMpi => self.text(var::OMPI_JOB_ID).map(|id| format!("openmpi-{}", id.trim())),
+            Launcher::Torchrun => {
+                if let Some(id) = self.text(var::TORCHELASTIC_RUN_ID).filter(|id| id.trim() != "none") {
+                    return Some(format!("torchrun-{}", id.trim()));
+                }
+                let (host, port) = (self.text(var::MASTER_ADDR)?, self.text(var::MASTER_PORT)?);
+                // A PyTorchJob's master is `NAME-master-0`: its ranks run as job NAME.
+                match host.trim().strip_suffix("-master-0") {
+                    Some(job) if !job.is_empty() => Some(job.to_string()),
+                    _ => Some(format!("torchrun-{}-{}", host.trim(), port.trim())),
+                }
+            }
+            Launcher::Drove | Launcher::IndexedJob | Launcher::Pmi => None,
         }
     }
 
@@ -365,5 +505,118 @@ mod tests {
                 .rendezvous,
             RendezvousKind::Coordinator
         );
+    }
+
+    #[test]
+    fn another_launcher_places_the_process_and_drove_s_variables_win() {
+        let ompi = [
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "3"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ];
+        let mut vars = ompi.to_vec();
+        vars.push((var::COORDINATOR, "c:1"));
+        let e = env(&vars).unwrap();
+        assert_eq!(
+            (e.launcher, e.rank(), e.world_size().map(WorldSize::get)),
+            (Some(Launcher::OpenMpi), Some(Rank::new(2)), Some(3))
+        );
+        assert_eq!(e.local_rank, 1, "the launcher's local rank picks the GPU");
+        assert!(e.placed_by_foreign_launcher());
+        vars.extend([(var::RANK, "0"), (var::WORLD_SIZE, "2"), (var::LOCAL_RANK, "0")]);
+        let e = env(&vars).unwrap();
+        assert_eq!(
+            (e.launcher, e.rank(), e.local_rank),
+            (Some(Launcher::Drove), Some(Rank::new(0)), 0),
+            "drove's win"
+        );
+        let indexed =
+            env(&[(var::COORDINATOR, "c:1"), (var::WORLD_SIZE, "4"), (var::JOB_COMPLETION_INDEX, "3")])
+                .unwrap();
+        assert_eq!(indexed.launcher, Some(Launcher::IndexedJob));
+        assert!(!indexed.placed_by_foreign_launcher());
+    }
+
+    #[test]
+    fn torchrun_s_master_is_the_coordinator_rank_0_serves_and_its_job_the_run() {
+        let vars = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "1"),
+            (var::MASTER_ADDR, "10.0.0.5"),
+            (var::MASTER_PORT, "29500"),
+        ];
+        let e = env(&vars).unwrap();
+        assert_eq!(
+            (e.coordinator.as_deref(), e.coordinator_source),
+            (Some("10.0.0.5:29500"), Some(CoordinatorSource::Master))
+        );
+        assert_eq!(e.rendezvous, RendezvousKind::Coordinator);
+        assert_eq!(e.run_id.as_deref(), Some("torchrun-10.0.0.5-29500"));
+        let mut job = vars.to_vec();
+        job[3] = (var::MASTER_ADDR, "bert-ner-master-0");
+        assert_eq!(env(&job).unwrap().run_id.as_deref(), Some("bert-ner"), "a PyTorchJob's name");
+        job.push((var::TORCHELASTIC_RUN_ID, "exp7"));
+        assert_eq!(env(&job).unwrap().run_id.as_deref(), Some("torchrun-exp7"));
+        job.push((var::RUN_ID, "mine"));
+        job.push((var::COORDINATOR, "c:1"));
+        let given = env(&job).unwrap();
+        assert_eq!(
+            (given.run_id.as_deref(), given.coordinator.as_deref()),
+            (Some("mine"), Some("c:1")),
+            "drove's win"
+        );
+        assert_eq!(given.coordinator_source, Some(CoordinatorSource::Given));
+    }
+
+    #[test]
+    fn a_slurm_task_meets_at_its_job_s_first_host() {
+        let mut vars = vec![
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_LOCALID", "1"),
+            (var::SLURM_STEP_ID, "0"),
+            (var::SLURM_JOB_ID, "1234"),
+            (var::SLURM_JOB_NODELIST, "node[07-08]"),
+        ];
+        let e = env(&vars).unwrap();
+        assert_eq!((e.launcher, e.local_rank), (Some(Launcher::Slurm), 1));
+        assert_eq!(e.coordinator.as_deref(), Some("node07:29634"), "29400 + 1234 % 1000");
+        assert_eq!(e.coordinator_source, Some(CoordinatorSource::SlurmFirstHost));
+        assert_eq!(e.run_id.as_deref(), Some("slurm-1234.0"));
+        vars.push((var::COORDINATOR_PORT, "40000"));
+        assert_eq!(env(&vars).unwrap().coordinator.as_deref(), Some("node07:40000"));
+    }
+
+    #[test]
+    fn a_launcher_s_place_without_a_meeting_point_or_with_a_bad_one_is_named() {
+        let bad = |vars: &[(&str, &str)], want: &str| {
+            let e = env(vars).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        };
+        bad(
+            &[("PMI_RANK", "1"), ("PMI_SIZE", "2")],
+            "pmi placed this process as rank 1 of 2, but nothing says where the ranks meet",
+        );
+        bad(
+            &[("RANK", "0"), ("WORLD_SIZE", "2"), (var::MASTER_ADDR, "h")],
+            "MASTER_ADDR and MASTER_PORT go together",
+        );
+        bad(
+            &[("RANK", "0"), ("WORLD_SIZE", "2"), (var::MASTER_ADDR, "h"), (var::MASTER_PORT, "0")],
+            "MASTER_PORT=\"0\" is not a port number",
+        );
+        bad(
+            &[
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "2"),
+                (var::SLURM_STEP_ID, "0"),
+                (var::SLURM_JOB_NODELIST, "n[1-"),
+            ],
+            "SLURM_JOB_NODELIST: the Slurm host list \"n[1-\" cannot be read",
+        );
+        // One rank of one: nothing to meet.
+        let one = env(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")]).unwrap();
+        assert_eq!((one.rendezvous, one.launcher), (RendezvousKind::Alone, Some(Launcher::OpenMpi)));
     }
 }

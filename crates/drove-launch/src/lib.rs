@@ -23,7 +23,10 @@
 //!   on the coordinator, so `drove runs` shows it finished or failed.
 //!
 //! **The rank side**: [`LaunchEnv`] reads those variables once, each malformed
-//! value named; from it come the communicator, a metrics recorder to the
+//! value named, or another launcher's: `mpirun` (OpenMPI), `mpiexec` (MPICH,
+//! Intel MPI), Slurm's `srun`, torchrun and PyTorchJob ([`Launcher`]); where
+//! such a launcher names a meeting place (`MASTER_ADDR`, a Slurm job's first
+//! host) rank 0 serves the coordinator there ([`ServedCoordinator`]); from it come the communicator, a metrics recorder to the
 //! coordinator, and the decision to [`Start`] fresh or resume. [`Launched`]
 //! bundles them with progress lines for the launcher's bar:
 //!
@@ -52,10 +55,13 @@ mod env;
 mod error;
 mod exit;
 mod launcher;
+mod launchers;
+mod nodelist;
 mod progress;
 mod rank;
 mod relay;
 mod restart;
+mod served;
 mod signals;
 mod spawn;
 mod supervise;
@@ -71,7 +77,10 @@ pub use exit::{describe, exit_code, signal_exit_code, signal_name};
 pub use launcher::{
     ElasticLaunch, End, LaunchOutcome, LaunchSpec, MAX_LOCAL_RANKS, check_run_id, default_run_id, launch,
 };
+pub use launchers::{Launcher, Placement};
+pub use nodelist::{NodeListError, expand as expand_nodelist, first_host};
 pub use progress::{PROGRESS_PREFIX, Progress, ProgressMode};
 pub use rank::{DEFAULT_RUN_ID, Launched, Start};
 pub use restart::RestartPolicy;
+pub use served::{CoordinatorSource, LINGER, ServedCoordinator, slurm_default_port};
 pub use supervise::Cause;

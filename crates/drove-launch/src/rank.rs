@@ -4,7 +4,11 @@
 //! - [`LaunchEnv::communicator`]: the other ranks, or a world of one.
 //! - [`LaunchEnv::metrics`]: a recorder to the coordinator, if there is one.
 //! - [`LaunchEnv::start`]: start fresh, or resume after a restart.
-//! - [`Launched`]: all three at once, with progress lines for the launcher.
+//! - [`LaunchEnv::serve_coordinator`]: on rank 0, the coordinator the
+//!   launcher named a place for (`MASTER_ADDR`, a Slurm job's first host).
+//! - [`LaunchEnv::finish`]: at the end, leave the run (under a launcher
+//!   that does not) and keep rank 0's coordinator up until all have left.
+//! - [`Launched`]: all of these at once, with progress lines for the launcher.
 
 use std::path::Path;
 use std::time::Duration;
@@ -18,6 +22,7 @@ use drove_metrics::{Delivery, MetricsRecorder, RecorderOptions};
 use crate::env::{LaunchEnv, RendezvousKind, var};
 use crate::error::LaunchError;
 use crate::progress::{Progress, ProgressMode};
+use crate::served::{LINGER, ServedCoordinator};
 
 /// The run id metrics go under when the launcher set none.
 pub const DEFAULT_RUN_ID: &str = "train";
@@ -34,12 +39,75 @@ pub enum Start {
 impl LaunchEnv {
     /// The ranks the launcher started this process among (through its
     /// rendezvous; the transport settings come from `DROVE_COMM_*`, see
-    /// `drove_comm::CommOptions::from_env`), or a world of one.
+    /// `drove_comm::CommOptions::from_env`), or a world of one. With a
+    /// coordinator rank 0 serves, the others wait for it to come up.
     pub fn communicator(&self) -> Result<Box<dyn Collective>, LaunchError> {
-        Ok(match self.rendezvous {
-            RendezvousKind::Alone => Box::new(SingleProcess),
+        Ok(match (self.rendezvous, self.place) {
+            (RendezvousKind::Alone, _) => Box::new(SingleProcess),
+            (RendezvousKind::Coordinator, Some(request)) => Box::new(Communicator::connect(
+                &self.coordinator_rendezvous(request)?,
+                CommOptions::from_env()?,
+            )?),
             _ => Box::new(Communicator::from_env()?),
         })
+    }
+
+    /// The rendezvous through the coordinator, for `request`.
+    fn coordinator_rendezvous(&self, request: RankRequest) -> Result<CoordinatorRendezvous, LaunchError> {
+        let addr = self.coordinator.as_deref().ok_or_else(|| {
+            LaunchError::Spec(format!("no coordinator to meet at: set {}", var::COORDINATOR))
+        })?;
+        let run_id = self.run_id.as_deref().unwrap_or(DEFAULT_RUN_ID);
+        let rendezvous = CoordinatorRendezvous::from_env_with(addr, run_id, request)?;
+        let served = self.coordinator_source.is_some_and(|s| s.served_by_rank_0());
+        Ok(rendezvous.waiting_for_coordinator(served))
+    }
+
+    /// On rank 0, when the launcher named a place for the coordinator but
+    /// none runs there (`MASTER_ADDR`, a Slurm job's first host): serves it,
+    /// until [`finish`](Self::finish). `None` everywhere else.
+    pub fn serve_coordinator(&self) -> Result<Option<ServedCoordinator>, LaunchError> {
+        let Some(source) = self.coordinator_source.filter(|s| s.served_by_rank_0()) else { return Ok(None) };
+        if self.rank().map(drove_comm::Rank::get) != Some(0) {
+            return Ok(None);
+        }
+        let addr = self.coordinator.as_deref().unwrap_or_default();
+        let (host, port) = addr
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+            .ok_or_else(|| LaunchError::Spec(format!("the coordinator address {addr:?} has no port")))?;
+        if source == crate::served::CoordinatorSource::SlurmFirstHost
+            && let Some(node) = self.slurm_node.as_deref().filter(|n| *n != host)
+        {
+            return Err(LaunchError::Spec(format!(
+                "rank 0 runs on node {node}, but the job's first node is {host}, where the others look for its \
+                 coordinator: keep Slurm's default block distribution, or set {} (or {})",
+                var::COORDINATOR,
+                var::COORDINATOR_PORT
+            )));
+        }
+        ServedCoordinator::start(port, addr, self.token.as_deref()).map(Some)
+    }
+
+    /// At the end of rank `rank`'s work (`error` if it failed): under a
+    /// launcher other than drove's, the rank leaves the run on the
+    /// coordinator (no launcher does it for it); then rank 0's `served`
+    /// coordinator waits (at most [`LINGER`]) until every rank has left.
+    pub fn finish(&self, rank: usize, error: Option<&str>, served: Option<ServedCoordinator>) {
+        if self.placed_by_foreign_launcher()
+            && let Some(request) = self.place.filter(|_| self.rendezvous == RendezvousKind::Coordinator)
+        {
+            let left = self
+                .coordinator_rendezvous(request)
+                .map_err(|e| e.to_string())
+                .and_then(|rv| rv.leave(drove_comm::Rank::new(rank), error).map_err(|e| e.to_string()));
+            if let Err(e) = left {
+                tracing::warn!("rank {rank} could not leave the run: {e}");
+            }
+        }
+        if let Some(served) = served {
+            served.finish(self.run_id.as_deref().unwrap_or(DEFAULT_RUN_ID), LINGER);
+        }
     }
 
     /// This process as a member of an elastic run of `range` world sizes
@@ -108,6 +176,7 @@ impl LaunchEnv {
 /// and progress reporting, from the launch environment.
 pub struct Launched {
     env: LaunchEnv,
+    served: Option<ServedCoordinator>,
     comm: Box<dyn Collective>,
     metrics: Option<MetricsRecorder>,
 }
@@ -120,9 +189,10 @@ impl Launched {
 
     /// [`join`](Self::join) with an environment already read.
     pub fn from_launch_env(env: LaunchEnv) -> Result<Self, LaunchError> {
+        let served = env.serve_coordinator()?;
         let comm = env.communicator()?;
         let metrics = env.metrics(comm.rank())?;
-        Ok(Launched { env, comm, metrics })
+        Ok(Launched { env, served, comm, metrics })
     }
 
     /// The launch environment.
@@ -188,8 +258,13 @@ impl Launched {
     }
 
     /// Delivers the last metrics (bounded by `DROVE_METRICS_FLUSH_SECS`) and
-    /// says what was not delivered; `None` without a coordinator.
+    /// says what was not delivered (`None` without a coordinator); then
+    /// ends the rank as [`LaunchEnv::finish`] does.
     pub fn finish(mut self) -> Option<Delivery> {
-        self.metrics.take().map(MetricsRecorder::close)
+        let delivery = self.metrics.take().map(MetricsRecorder::close);
+        let rank = self.comm.rank();
+        drop(std::mem::replace(&mut self.comm, Box::new(SingleProcess)));
+        self.env.finish(rank, None, self.served.take());
+        delivery
     }
 }
