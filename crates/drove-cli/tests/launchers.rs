@@ -293,11 +293,11 @@ impl Drop for Slurm {
     fn drop(&mut self) {
         let _ = self.cmd("scancel").args(["--full", "--user", "root"]).output();
         for pid in ["slurmd.pid", "slurmctld.pid", "munge/pid"] {
-            if let Ok(p) = std::fs::read_to_string(self.dir.path().join(pid)) {
-                if let Ok(p) = p.trim().parse::<i32>() {
-                    // SAFETY: kill(2) on a daemon this test started.
-                    unsafe { libc::kill(p, libc::SIGTERM) };
-                }
+            if let Ok(p) = std::fs::read_to_string(self.dir.path().join(pid))
+                && let Ok(p) = p.trim().parse::<i32>()
+            {
+                // SAFETY: kill(2) on a daemon this test started.
+                unsafe { libc::kill(p, libc::SIGTERM) };
             }
         }
     }
