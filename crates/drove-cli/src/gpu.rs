@@ -154,7 +154,9 @@ fn parse_size(s: &str) -> Result<u64, String> {
 pub fn bench_nccl(args: &NcclBenchArgs) -> anyhow::Result<ExitCode> {
     #[cfg(feature = "nccl")]
     {
-        let mesh = drove_launch::LaunchEnv::from_env()?.communicator()?;
+        let launch = drove_launch::LaunchEnv::from_env()?;
+        let served = launch.serve_coordinator()?;
+        let mesh = launch.communicator()?;
         let (report, passed) = if args.buckets {
             let report = nccl_bench::in_place(args, mesh.as_ref())?;
             let passed = report.passed;
@@ -162,6 +164,9 @@ pub fn bench_nccl(args: &NcclBenchArgs) -> anyhow::Result<ExitCode> {
         } else {
             (nccl_bench::run(args, mesh.as_ref())?, true)
         };
+        let rank = mesh.rank();
+        drop(mesh);
+        launch.finish(rank, None, served);
         if args.json {
             println!("{report}");
         } else {

@@ -1,7 +1,8 @@
 //! Under the launchers people already run: a torchrun-style environment,
 //! OpenMPI's `mpirun`, and Slurm's `srun` and `sbatch` on a one-node cluster
 //! the test starts itself (`munged`, `slurmctld` and `slurmd` with their own
-//! config, folders and ports under a temporary folder, stopped at the end).
+//! config, folders and ports under a temporary folder, stopped at the end),
+//! and `srun -N 3` across three network namespaces as Slurm nodes.
 //! The real launchers come from Debian (`scripts/launcher-tools.sh`, run by
 //! the test command as root); where one is missing its tests skip, saying why.
 //!
@@ -12,36 +13,14 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
+use common::netns::Net;
+use common::slurm::{Nodes, Slurm};
 use common::{
-    DEADLINE, DROVE, Proc, assets, coordinator, free_port, read_latest, relative_difference, run, text,
-    under_run,
+    DEADLINE, DROVE, Proc, assets, coordinator, free_port, launch_env_removed, read_latest,
+    relative_difference, run, text, under_run,
 };
 use serde_json::Value;
-
-/// Variables of any launcher, removed from every command so that only those
-/// the test sets are seen.
-const LAUNCHER_PREFIXES: [&str; 6] = ["DROVE_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_"];
-const LAUNCHER_VARS: [&str; 7] = [
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "JOB_COMPLETION_INDEX",
-];
-
-fn clean(mut cmd: Command) -> Command {
-    for (k, _) in std::env::vars() {
-        if LAUNCHER_PREFIXES.iter().any(|p| k.starts_with(p)) || LAUNCHER_VARS.contains(&k.as_str()) {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("RUST_LOG", "warn").env("RAYON_NUM_THREADS", "1");
-    cmd
-}
 
 /// Each stdout line of `out` as JSON (`drove check --json` prints one per rank).
 fn reports(out: &Output) -> Vec<Value> {
@@ -91,7 +70,7 @@ fn under_drove_run() -> &'static Params {
     BASELINE.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("drove-run");
-        let mut inner = clean(Command::new(DROVE));
+        let mut inner = launch_env_removed(Command::new(DROVE));
         inner.args(train_args(&out));
         let done = run(&mut under_run(2, inner));
         assert!(done.status.success(), "{}", text(&done));
@@ -121,7 +100,7 @@ fn three_processes_with_torchrun_s_variables_meet_at_rank_0_s_coordinator() {
     let procs: Vec<Proc> = [2, 1, 0]
         .iter()
         .map(|r| {
-            let mut cmd = clean(Command::new(DROVE));
+            let mut cmd = launch_env_removed(Command::new(DROVE));
             cmd.args(["check", "--json"])
                 .env("RANK", r.to_string())
                 .env("WORLD_SIZE", "3")
@@ -153,7 +132,7 @@ fn mpirun_places_three_ranks_that_sum_through_the_given_coordinator() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
-    let mut cmd = clean(Command::new("mpirun"));
+    let mut cmd = launch_env_removed(Command::new("mpirun"));
     cmd.args([
         "--allow-run-as-root",
         "--oversubscribe",
@@ -182,7 +161,7 @@ fn a_2_rank_minilm_run_under_mpirun_ends_with_drove_run_s_parameters() {
     let port = free_port();
     let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
     let out = dir.path().join("mpirun");
-    let mut cmd = clean(Command::new("mpirun"));
+    let mut cmd = launch_env_removed(Command::new("mpirun"));
     cmd.args([
         "--allow-run-as-root",
         "--oversubscribe",
@@ -202,120 +181,14 @@ fn a_2_rank_minilm_run_under_mpirun_ends_with_drove_run_s_parameters() {
     assert!(d < 1e-6, "mpirun's run differs from drove run's by {d} (relative)");
 }
 
-/// A one-node Slurm cluster of this machine: `munged`, `slurmctld` and
-/// `slurmd` with their config, state, spool and socket under `dir` and ports
-/// of their own; stopped on drop.
-struct Slurm {
-    dir: tempfile::TempDir,
-}
-
-impl Slurm {
-    fn start() -> Result<Slurm, String> {
-        let dir = tempfile::Builder::new().prefix("drove-slurm-").tempdir().map_err(|e| e.to_string())?;
-        let root = dir.path().to_path_buf();
-        let slurm = Slurm { dir };
-        for sub in ["munge", "state", "spool", "log"] {
-            std::fs::create_dir_all(root.join(sub)).map_err(|e| e.to_string())?;
-        }
-        let mut key = [0u8; 128];
-        std::io::Read::read_exact(
-            &mut std::fs::File::open("/dev/urandom").map_err(|e| e.to_string())?,
-            &mut key,
-        )
-        .map_err(|e| e.to_string())?;
-        std::fs::write(root.join("munge/munge.key"), key).map_err(|e| e.to_string())?;
-        let chmod = |mode: u32, p: &Path| {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(|e| e.to_string())
-        };
-        chmod(0o755, &root)?;
-        chmod(0o700, &root.join("munge"))?;
-        chmod(0o600, &root.join("munge/munge.key"))?;
-        let m = |name: &str| root.join("munge").join(name).display().to_string();
-        daemon(Command::new("munged").args([
-            "--force".to_string(),
-            format!("--socket={}", m("socket")),
-            format!("--key-file={}", m("munge.key")),
-            format!("--pid-file={}", m("pid")),
-            format!("--log-file={}", m("log")),
-            format!("--seed-file={}", m("seed")),
-        ]))?;
-        let node = Command::new("slurmd").arg("-C").output().map_err(|e| format!("slurmd -C: {e}"))?;
-        let node = String::from_utf8_lossy(&node.stdout);
-        let node =
-            node.lines().next().unwrap_or_default().split(" UpTime").next().unwrap_or_default().to_string();
-        let (ctld, slurmd) = (free_port(), free_port());
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(|e| e.to_string())?;
-        let host = host.trim();
-        let r = |p: &str| root.join(p).display().to_string();
-        let conf = format!(
-            "ClusterName=drove\nSlurmctldHost={host}(127.0.0.1)\nSlurmctldPort={ctld}\nSlurmdPort={slurmd}\n\
-             SlurmUser=root\nSlurmdUser=root\nAuthType=auth/munge\nAuthInfo=socket={sock}\nCredType=cred/munge\n\
-             StateSaveLocation={state}\nSlurmdSpoolDir={spool}\nSlurmctldPidFile={cpid}\nSlurmdPidFile={dpid}\n\
-             SlurmctldLogFile={clog}\nSlurmdLogFile={dlog}\nProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n\
-             SchedulerType=sched/builtin\nSelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\nMpiDefault=none\n\
-             ReturnToService=2\nJobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none\n\
-             {node} NodeAddr=127.0.0.1 State=UNKNOWN\nPartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
-            sock = m("socket"),
-            state = r("state"),
-            spool = r("spool"),
-            cpid = r("slurmctld.pid"),
-            dpid = r("slurmd.pid"),
-            clog = r("log/slurmctld.log"),
-            dlog = r("log/slurmd.log"),
-        );
-        std::fs::write(root.join("slurm.conf"), conf).map_err(|e| e.to_string())?;
-        daemon(slurm.cmd("slurmctld").args(["-c", "-f"]).arg(root.join("slurm.conf")))?;
-        daemon(slurm.cmd("slurmd").arg("-f").arg(root.join("slurm.conf")))?;
-        // Ready once the node is idle (slurmd registered with slurmctld).
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            let state = slurm.cmd("sinfo").args(["-h", "-o", "%T"]).output().map_err(|e| e.to_string())?;
-            if String::from_utf8_lossy(&state.stdout).trim() == "idle" {
-                return Ok(slurm);
-            }
-            if Instant::now() > until {
-                let log = std::fs::read_to_string(root.join("log/slurmctld.log")).unwrap_or_default();
-                return Err(format!("the node did not become idle within 60 s; slurmctld's log:\n{log}"));
-            }
-        }
-    }
-
-    /// `program` with this cluster's config and no launcher variables of the test's own.
-    fn cmd(&self, program: &str) -> Command {
-        let mut cmd = clean(Command::new(program));
-        cmd.env("SLURM_CONF", self.dir.path().join("slurm.conf"));
-        cmd
-    }
-}
-
-impl Drop for Slurm {
-    fn drop(&mut self) {
-        let _ = self.cmd("scancel").args(["--full", "--user", "root"]).output();
-        for pid in ["slurmd.pid", "slurmctld.pid", "munge/pid"] {
-            if let Ok(p) = std::fs::read_to_string(self.dir.path().join(pid))
-                && let Ok(p) = p.trim().parse::<i32>()
-            {
-                // SAFETY: kill(2) on a daemon this test started.
-                unsafe { libc::kill(p, libc::SIGTERM) };
-            }
-        }
-    }
-}
-
-/// Runs a daemon that forks into the background, failing with its output.
-fn daemon(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if out.status.success() { Ok(()) } else { Err(format!("{cmd:?}: {}", text(&out))) }
-}
-
 #[test]
 fn under_srun_and_sbatch_ranks_need_no_drove_variable_and_train_as_under_drove_run() {
     if let Some(why) = unsupported("slurmd").or_else(|| unsupported("munged")) {
         eprintln!("skipped: {why}");
         return;
     }
-    let slurm = Slurm::start().unwrap_or_else(|e| panic!("starting a one-node Slurm cluster: {e}"));
+    let slurm =
+        Slurm::start(Nodes::ThisHost).unwrap_or_else(|e| panic!("starting a one-node Slurm cluster: {e}"));
     srun_places_three_ranks(&slurm);
     an_sbatch_of_a_2_rank_minilm_run_ends_with_drove_run_s_parameters(&slurm);
 }
@@ -351,4 +224,38 @@ fn an_sbatch_of_a_2_rank_minilm_run_ends_with_drove_run_s_parameters(slurm: &Slu
     assert!(done.status.success(), "{}\njob log:\n{log}", text(&done));
     let d = relative_difference(&read_latest(&out.join("checkpoints")), under_drove_run());
     assert!(d < 1e-6, "the sbatch run differs from drove run's by {d} (relative)\n{log}");
+}
+
+#[test]
+fn srun_across_three_namespaces_as_nodes_meets_at_the_first_node() {
+    let missing = unsupported("slurmd").or_else(|| unsupported("munged")).or_else(|| unsupported("nsenter"));
+    if let Some(why) = missing.or_else(common::netns::unsupported) {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let net = Net::new(3).expect("building the namespaces");
+    let slurm =
+        Slurm::start(Nodes::Namespaces(&net)).unwrap_or_else(|e| panic!("starting 3 Slurm nodes: {e}"));
+    // The namespaces share this kernel, so the ranks are told to use TCP, as
+    // they would between machines (a transport setting, not a place).
+    let mut cmd = slurm.cmd("srun");
+    cmd.args([
+        "-N",
+        "3",
+        "--ntasks-per-node",
+        "1",
+        "env",
+        "DROVE_COMM_TRANSPORT=tcp",
+        DROVE,
+        "check",
+        "--json",
+    ]);
+    let out = run(&mut cmd);
+    assert!(out.status.success(), "{}", text(&out));
+    let reports = reports(&out);
+    assert_check(&reports, 3, "slurm", &text(&out));
+    assert!(
+        reports.iter().all(|r| r["transport"] == "tcp" && r["coordinator"] == "slurm-first-host"),
+        "{reports:?}"
+    );
 }

@@ -134,6 +134,7 @@ fn a_rank_that_hangs_after_agreeing_is_named_and_the_others_abort_within_the_dea
         done_rx.recv().unwrap();
         release_tx.send(()).unwrap();
     });
+    let both_done = std::sync::Barrier::new(2);
     let (handle, out) = world(3, mesh_deadline, move |rank, mesh, device| {
         let opts = DeviceOptions { timeout: device_deadline };
         let comm = DeviceComm::connect(mesh, device, opts).unwrap();
@@ -152,6 +153,9 @@ fn a_rank_that_hangs_after_agreeing_is_named_and_the_others_abort_within_the_dea
         let took = started.elapsed();
         let again = unsafe { comm.all_reduce(mesh, "grad", slice(&mut v), ReduceOptions::sum()) };
         done_tx.lock().unwrap().send(()).unwrap();
+        // Neither closes its mesh (by returning) while the other may still
+        // wait on it: that would be a lost peer, not the hung one.
+        both_done.wait();
         Some((r, took, again))
     });
     releaser.join().unwrap();

@@ -2,6 +2,9 @@
 //! wrappers, and checkpoints read back for comparison.
 #![allow(dead_code)] // each test file uses its own part
 
+pub mod netns;
+pub mod slurm;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead as _, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -357,4 +360,28 @@ pub fn traced(dir: &Path) -> (Vec<(u64, usize)>, BTreeMap<usize, usize>) {
 pub fn assert_each_once(applied: &BTreeMap<usize, usize>, n: usize) {
     assert_eq!(applied.keys().copied().collect::<Vec<_>>(), (0..n).collect::<Vec<_>>(), "a sample missing");
     assert!(applied.values().all(|&k| k == 1), "a sample applied twice: {applied:?}");
+}
+
+/// Prefixes and names of every launcher's variables (drove's, Slurm's, MPI's, torchrun's).
+const LAUNCHER_PREFIXES: [&str; 6] = ["DROVE_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_"];
+const LAUNCHER_VARS: [&str; 7] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "JOB_COMPLETION_INDEX",
+];
+
+/// `cmd` without any launcher's variables of this process's own (it sees
+/// only those a test sets), one compute thread, and warnings only.
+pub fn launch_env_removed(mut cmd: Command) -> Command {
+    for (k, _) in std::env::vars() {
+        if LAUNCHER_PREFIXES.iter().any(|p| k.starts_with(p)) || LAUNCHER_VARS.contains(&k.as_str()) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RUST_LOG", "warn").env("RAYON_NUM_THREADS", "1");
+    cmd
 }
