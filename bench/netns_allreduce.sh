@@ -16,8 +16,13 @@
 # Everything made is removed on exit. Needs root, iproute2, python3 (venv at
 # target/bench-venv from bench/netns-requirements.txt, made or reused here).
 #
+# Each round also measures one plain TCP stream from rank 0's namespace to rank
+# 1's (bench/tcp_stream.py, STREAM_BYTES, default 1 GiB): the most one
+# connection moves there, so each busbw reads as a fraction of it.
 # Env: SIZES (default 1KiB,64KiB,1MiB,16MiB,64MiB,256MiB), NPS (default "2 3"),
-# ITERS (default 10), DROVE_BIN (a prebuilt drove; default: cargo build --release
+# ITERS (default 10), PROFILE=1 (drove's ranks profile the ring's steps: rank
+# 0's time in send, receive, reduction and waiting, and bytes in flight, per
+# step and op), DROVE_BIN (a prebuilt drove; default: cargo build --release
 # --locked -p drove-cli, then target/release/drove). Takes about 5.5 min for 5
 # rounds on 2 cores.
 set -euo pipefail
@@ -29,7 +34,8 @@ nps="${NPS:-2 3}"
 iters="${ITERS:-10}"
 # The command as given, for the summary.
 cmd="bash bench/netns_allreduce.sh${1:+ $1}"
-for v in SIZES NPS ITERS DROVE_BIN; do
+stream_bytes="${STREAM_BYTES:-1073741824}"
+for v in SIZES NPS ITERS PROFILE STREAM_BYTES DROVE_BIN; do
     [ -n "${!v:-}" ] && cmd="$v=${!v} $cmd"
 done
 limit=600
@@ -166,6 +172,7 @@ run_ranks() {
                 DROVE_WORLD_SIZE="$n" DROVE_RANK="$r" DROVE_COMM_TRANSPORT=tcp \
                 RAYON_NUM_THREADS=1 RUST_LOG=warn \
                 "$drove" bench allreduce-worker --sizes "$bytes_list" --op sum --iters "$iters" \
+                ${PROFILE:+--profile} \
                 >"$work/$impl.$r.out" 2>"$work/$impl.$r.err" &
         else
             timeout "$limit" ip netns exec "${tag}n$((1 + r))" env \
@@ -191,8 +198,25 @@ for line in open(path):
 PY
 }
 
+# One plain TCP stream, rank 0's namespace to rank 1's; its JSON appended to $streams.
+streams="$work/streams.jsonl"
+: >"$streams"
+run_stream() {
+    local round="$1" port=$((28400 + round)) server
+    log "round $round: one plain TCP stream of $stream_bytes bytes"
+    timeout "$limit" ip netns exec "${tag}n2" python3 bench/tcp_stream.py \
+        --serve "$subnet.12:$port" --bytes "$stream_bytes" 2>"$work/stream.serve.err" &
+    server=$!
+    pids+=($server)
+    timeout "$limit" ip netns exec "${tag}n1" python3 bench/tcp_stream.py \
+        --send "$subnet.12:$port" --bytes "$stream_bytes" >>"$streams" 2>"$work/stream.send.err" ||
+        { cat "$work/stream.send.err" >&2; log "the stream failed"; exit 1; }
+    wait "$server"
+}
+
 started="$(date +%s)"
 for ((round = 1; round <= rounds; round++)); do
+    run_stream "$round"
     for n in $nps; do
         # Odd rounds drove first, even rounds gloo first.
         if ((round % 2)); then order="drove gloo"; else order="gloo drove"; fi
@@ -203,10 +227,12 @@ finished="$(date +%s)"
 
 # The summary, with the machine.
 torch_version="$("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
-python3 - "$results" "$cmd" "$sizes" "$torch_version" "$binary_from" "$((finished - started))" "$rounds" <<'PY'
+python3 - "$results" "$cmd" "$sizes" "$torch_version" "$binary_from" "$((finished - started))" "$rounds" "$streams" <<'PY'
 import json, os, platform, statistics, sys, time
-path, command, sizes, torch_version, binary_from, wall, rounds = sys.argv[1:]
+path, command, sizes, torch_version, binary_from, wall, rounds, streams_path = sys.argv[1:]
 rows = [json.loads(l) for l in open(path) if l.strip()]
+streams = [json.loads(l)["gbps"] for l in open(streams_path) if l.strip()]
+stream = statistics.median(streams)
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "unknown")
 mem_kib = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal"))
 by_round = lambda rs: sorted(rs, key=lambda r: r["round"])
@@ -225,6 +251,9 @@ out = {
     },
     "network": "one netns per rank + one for the coordinator, veth pairs on one bridge, 10.250.7.0/24",
     "wall_s": int(wall),
+    # One plain TCP stream between two of the namespaces, GB/s: what one connection can do.
+    "stream_gbps": stream,
+    "stream_gbps_per_round": streams,
     "by_np": {},
 }
 for n in sorted({r["np"] for r in rows}):
@@ -249,9 +278,13 @@ for n in sorted({r["np"] for r in rows}):
             "busbw_drove_over_gloo_of_medians": db / gb,
             "time_gloo_over_drove": statistics.median(
                 y["median_us"] / x["median_us"] for x, y in zip(by_round(d), by_round(g))),
+            "drove_busbw_over_stream": db / stream,
+            "gloo_busbw_over_stream": gb / stream,
             "per_round_drove_us": [r["median_us"] for r in d],
             "per_round_gloo_us": [r["median_us"] for r in g],
         })
+        if any(r.get("profile") for r in d):
+            table[-1]["drove_profile_per_round"] = [r.get("profile") for r in by_round(d)]
     bcast = [{k: r[k] for k in ("round", "size", "median_us", "busbw_gbps")}
              for r in rows if r["np"] == n and r["impl"] == "drove" and r["collective"] == "broadcast"]
     small = table[0]

@@ -48,6 +48,11 @@ pub struct WorkerArgs {
     op: ReduceOp,
     #[arg(long)]
     iters: usize,
+    /// Profile the TCP ring's steps during the timed all-reduces (rank 0's
+    /// view, per op: time in send, receive, the reduction and waiting, and
+    /// the bytes in flight).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// A list of byte sizes.
@@ -109,6 +114,45 @@ struct Row {
     busbw_gbps: f64,
     memcpy_gbps: f64,
     busbw_vs_memcpy: f64,
+    /// With `--profile`: each ring step, per op.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    profile: Option<Vec<StepRow>>,
+}
+
+/// One ring step of a profiled all-reduce, per op (microseconds, bytes).
+#[derive(Debug, Serialize, Deserialize)]
+struct StepRow {
+    phase: String,
+    step: usize,
+    total_us: f64,
+    send_us: f64,
+    recv_us: f64,
+    reduce_us: f64,
+    wait_us: f64,
+    other_us: f64,
+    bytes: u64,
+    mean_unsent: f64,
+    max_unsent: u64,
+}
+
+impl StepRow {
+    fn per_op(s: &drove_comm::RingStep) -> StepRow {
+        let ops = s.ops.max(1) as f64;
+        let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / ops;
+        StepRow {
+            phase: s.phase.to_string(),
+            step: s.step,
+            total_us: us(s.total),
+            send_us: us(s.send),
+            recv_us: us(s.recv),
+            reduce_us: us(s.reduce),
+            wait_us: us(s.wait),
+            other_us: us(s.other()),
+            bytes: s.bytes / s.ops.max(1),
+            mean_unsent: s.mean_unsent(),
+            max_unsent: s.max_unsent,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -181,12 +225,17 @@ pub fn worker(args: &WorkerArgs) -> anyhow::Result<()> {
             comm.broadcast("bench.count", &[1], i64::tensor_mut(&mut count), 0)?;
             let iterations = count[0] as usize;
             let mut times = Vec::with_capacity(iterations);
+            let profiled = args.profile && collective == "allreduce";
+            comm.set_ring_profile(profiled);
             for _ in 0..iterations {
                 comm.barrier("bench.sync")?;
                 let t = Instant::now();
                 op(&mut data)?;
                 times.push(t.elapsed().as_secs_f64());
             }
+            let steps = comm.take_ring_profile();
+            comm.set_ring_profile(false);
+            let profile = profiled.then(|| steps.iter().map(StepRow::per_op).collect());
             if rank == 0 {
                 let secs = median(times);
                 let algbw = bytes as f64 / secs / 1e9;
@@ -203,6 +252,7 @@ pub fn worker(args: &WorkerArgs) -> anyhow::Result<()> {
                     busbw_gbps: busbw,
                     memcpy_gbps: memcpy,
                     busbw_vs_memcpy: busbw / memcpy,
+                    profile,
                 };
                 println!("{}", serde_json::to_string(&row)?);
             }

@@ -12,6 +12,7 @@ use crate::engine::{Engine, Reduction, split};
 use crate::error::CommError;
 use crate::mesh::{Clock, Mesh};
 use crate::place::Place;
+use crate::profile::{RingProfile, RingStep};
 use crate::rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
 use crate::shm::Shm;
 use crate::spec::OpSpec;
@@ -475,6 +476,22 @@ impl Communicator {
     /// The transport in use: `"shm"` or `"tcp"`.
     pub fn transport(&self) -> &'static str {
         self.shared.transport
+    }
+
+    /// Starts (`true`, from nothing) or stops profiling the TCP ring's steps
+    /// (see [`RingStep`]), in call order with the ops; over shared memory
+    /// nothing is recorded.
+    pub fn set_ring_profile(&self, on: bool) {
+        self.shared.run(self.shared.ticket(), |e| e.profile = on.then(RingProfile::default));
+    }
+
+    /// The ring's steps profiled since profiling started, and starts over
+    /// (empty when it is not profiled).
+    pub fn take_ring_profile(&self) -> Vec<RingStep> {
+        self.shared.run(self.shared.ticket(), |e| match e.profile.as_mut() {
+            Some(p) => std::mem::take(p).into_steps(),
+            None => Vec::new(),
+        })
     }
 
     fn submit(&self, job: Job) -> Result<(), CommError> {

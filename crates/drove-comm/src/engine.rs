@@ -1,12 +1,13 @@
 //! The op implementations, over shared memory (ranks on one host) or a TCP ring.
 
 use std::ops::Range;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::desc::{OpDesc, check};
 use crate::dtype::{Combine, DType, ReduceOp, combine_bytes, combine_many, finish};
 use crate::error::CommError;
 use crate::mesh::{Clock, Mesh};
+use crate::profile::{ExchangeTimes, RingProfile};
 use crate::shm::Shm;
 
 /// Everything one op needs to know about the reduction.
@@ -28,6 +29,8 @@ pub(crate) struct Engine {
     moved: u64,
     kill_after: Option<u64>,
     scratch: Vec<u64>,
+    /// The ring's profile, while it is taken.
+    pub profile: Option<RingProfile>,
 }
 
 /// Splits `n` items into `parts` contiguous ranges, the first `n % parts` one longer.
@@ -110,6 +113,7 @@ impl Engine {
             moved: 0,
             kill_after,
             scratch: Vec::new(),
+            profile: None,
         }
     }
 
@@ -123,6 +127,28 @@ impl Engine {
 
     pub fn transport(&self) -> &'static str {
         if self.shm.is_some() { "shm" } else { "tcp" }
+    }
+
+    /// Starts profiling one ring step's exchange, if the ring is profiled.
+    fn step_begins(&mut self) -> Option<Instant> {
+        self.profile.as_ref()?;
+        self.mesh.timing = Some(ExchangeTimes::default());
+        Some(Instant::now())
+    }
+
+    /// Adds the exchange begun at `began` to step `step` of `phase`.
+    fn step_ends(
+        &mut self,
+        phase: &'static str,
+        step: usize,
+        began: Option<Instant>,
+        reduce: Duration,
+        bytes: usize,
+    ) {
+        let (Some(began), Some(times)) = (began, self.mesh.timing.take()) else { return };
+        if let Some(p) = self.profile.as_mut() {
+            p.add(phase, step, began.elapsed(), reduce, bytes, times);
+        }
     }
 
     /// Counts bytes moved; test hook that kills this process mid-op.
@@ -267,6 +293,8 @@ impl Engine {
             let recv = &mut scratch_bytes[..dst.len()];
             let mut done = 0usize;
             let mut sent_total = 0usize;
+            let began = self.step_begins();
+            let mut reduce = Duration::ZERO;
             let r = self.mesh.exchange(
                 Some((next, send)),
                 Some((prev, recv)),
@@ -274,12 +302,15 @@ impl Engine {
                 |got, data| {
                     let upto = got / es * es;
                     if upto > done {
+                        let t = began.map(|_| Instant::now());
                         combine_bytes(red.dtype, combine, &mut dst[done..upto], &data[done..upto]);
+                        reduce += t.map_or(Duration::ZERO, |t| t.elapsed());
                         done = upto;
                     }
                 },
                 |sent| sent_total = sent,
             );
+            self.step_ends("reduce-scatter", s, began, reduce, sent_total);
             self.moved(sent_total);
             if let Err(e) = r {
                 result = Err(e);
@@ -306,6 +337,7 @@ impl Engine {
             let recv_idx = (rank + offset + 2 * n - s) % n;
             let (send, dst) = disjoint(buf, scale(&segs[send_idx], es), scale(&segs[recv_idx], es));
             let mut sent_total = 0;
+            let began = self.step_begins();
             let r = self.mesh.exchange(
                 Some((next, send)),
                 Some((prev, dst)),
@@ -313,6 +345,7 @@ impl Engine {
                 |_, _| {},
                 |s| sent_total = s,
             );
+            self.step_ends("all-gather", s, began, Duration::ZERO, sent_total);
             self.moved(sent_total);
             r?;
         }

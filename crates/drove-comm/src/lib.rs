@@ -46,6 +46,7 @@ mod error;
 pub mod fusion;
 mod mesh;
 mod place;
+mod profile;
 mod rendezvous;
 mod shm;
 mod spec;
@@ -62,6 +63,7 @@ pub use elastic_comm::{DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, 
 pub use error::CommError;
 pub use half::{bf16, f16};
 pub use place::{Place, PlaceError, Rank, WorldSize};
+pub use profile::RingStep;
 pub use rendezvous::{
     FileRendezvous, PeerTable, RankRequest, Rendezvous, StaticRendezvous, launch_env, launch_vars,
 };

@@ -9,6 +9,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use crate::error::CommError;
+use crate::profile::ExchangeTimes;
 
 const MAGIC: u64 = 0x6472_6f76_6532_0002; // "drove2" + protocol version 2 (the greeting carries the generation)
 
@@ -64,6 +65,8 @@ pub(crate) struct Mesh {
     peers: Vec<Option<TcpStream>>,
     /// Boot id of each rank's kernel: equal ids share a host.
     pub boot_ids: Vec<String>,
+    /// While the ring is profiled: what the current exchange measured.
+    pub timing: Option<ExchangeTimes>,
 }
 
 fn boot_id() -> String {
@@ -243,7 +246,7 @@ impl Mesh {
             s.set_read_timeout(None).map_err(|e| CommError::io("configuring a socket", e))?;
             s.set_nonblocking(true).map_err(|e| CommError::io("configuring a socket", e))?;
         }
-        Ok(Mesh { rank, world, peers, boot_ids })
+        Ok(Mesh { rank, world, peers, boot_ids, timing: None })
     }
 
     fn stream(&mut self, peer: usize) -> &mut TcpStream {
@@ -407,6 +410,25 @@ impl Mesh {
         }
     }
 
+    /// Profiling: a send to `peer` that began at `t` and moved `n` bytes,
+    /// and the bytes its socket still queues unsent (`SIOCOUTQ`).
+    fn time_send(&mut self, peer: usize, t: Instant, n: usize) {
+        let elapsed = t.elapsed();
+        let fd = self.stream(peer).as_raw_fd();
+        let mut unsent: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int for a socket fd we own.
+        let queued = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut unsent) } == 0;
+        if let Some(x) = self.timing.as_mut() {
+            x.send += elapsed;
+            if n > 0 {
+                x.sends += 1;
+                let unsent = if queued { unsent.max(0) as u64 } else { 0 };
+                x.unsent_sum += unsent;
+                x.max_unsent = x.max_unsent.max(unsent);
+            }
+        }
+    }
+
     /// Sends `send` to one peer while receiving exactly `recv.len()` bytes from
     /// another (possibly the same), calling `on_recv(total_received)` as bytes
     /// arrive. `send_hook(sent)` sees progress of the send.
@@ -425,10 +447,16 @@ impl Mesh {
             None => (usize::MAX, &mut [][..]),
         };
         let (mut sent, mut got) = (0usize, 0usize);
+        let profiled = self.timing.is_some();
+        let started = |on: bool| on.then(Instant::now);
         while sent < out.len() || got < inp.len() {
             let mut progressed = false;
             if sent < out.len() {
+                let t = started(profiled);
                 let n = self.try_send(to, &out[sent..], clock)?;
+                if let Some(t) = t {
+                    self.time_send(to, t, n);
+                }
                 if n > 0 {
                     sent += n;
                     send_hook(sent);
@@ -437,7 +465,11 @@ impl Mesh {
             }
             if got < inp.len() {
                 let end = (got + MAX_READ).min(inp.len());
+                let t = started(profiled);
                 let n = self.try_recv(from, &mut inp[got..end], clock)?;
+                if let (Some(t), Some(x)) = (t, self.timing.as_mut()) {
+                    x.recv += t.elapsed();
+                }
                 if n > 0 {
                     got += n;
                     on_recv(got, inp);
@@ -452,7 +484,11 @@ impl Mesh {
                 if got < inp.len() {
                     want.push((from, libc::POLLIN));
                 }
+                let t = started(profiled);
                 self.wait(&want, clock)?;
+                if let (Some(t), Some(x)) = (t, self.timing.as_mut()) {
+                    x.wait += t.elapsed();
+                }
             }
         }
         Ok(())
