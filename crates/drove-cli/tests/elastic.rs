@@ -380,15 +380,22 @@ fn a_coordinator_killed_while_the_world_re_forms_completes_the_re_form_after_its
     let lost = small_member(&run, 2, &[], &fail);
     let (status, _, err) = lost.finish(DEADLINE);
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "{err}");
-    // Generation 2 forms with the two survivors in it.
+    // The next generation forms with the two survivors in it (which number
+    // it has depends on when m2's death was seen: see its stderr).
     let forming = |g: &[serde_json::Value]| {
-        g.len() == 2 && g[1]["state"] == "forming" && g[1]["members"].as_array().is_some_and(|m| m.len() == 2)
+        let newest = g.last().filter(|n| n["state"] == "forming");
+        let mut ids: Vec<&str> = newest
+            .and_then(|n| n["members"].as_array())
+            .map(|m| m.iter().filter_map(|m| m["member_id"].as_str()).collect())
+            .unwrap_or_default();
+        ids.sort_unstable();
+        ids == ["m0", "m1"]
     };
     let until = std::time::Instant::now() + DEADLINE;
     while !forming(&generations(&addr, "restart")) {
         assert!(
             std::time::Instant::now() < until,
-            "generation 2 did not form: {:?}",
+            "no generation formed with the survivors: {:?}\nm2:\n{err}",
             generations(&addr, "restart")
         );
     }
@@ -404,9 +411,13 @@ fn a_coordinator_killed_while_the_world_re_forms_completes_the_re_form_after_its
         all.push('\n');
     }
     let (worlds, applied) = traced(dir.path());
-    assert_eq!(worlds, [(1, 3), (2, 3)], "generation 2 completed with the replacement:\n{all}");
+    let last = *worlds.last().expect("a world");
+    assert!(
+        worlds[0] == (1, 3) && last.1 == 3,
+        "the re-form completed with the replacement: {worlds:?}\n{all}"
+    );
     assert_each_once(&applied, SLOW);
-    let members = joined(&all, 2);
+    let members = joined(&all, last.0);
     assert_eq!(members.len(), 3, "{all}");
     assert!(members.iter().all(|m| m.2 == members[0].2 && m.3 == members[0].3), "{members:?}");
 }

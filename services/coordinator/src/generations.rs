@@ -432,6 +432,15 @@ pub struct Beat {
     pub cause: Option<End>,
 }
 
+/// A member's last heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LastBeat {
+    /// When it came.
+    pub at: Instant,
+    /// The generation the member said it was in.
+    pub generation: i64,
+}
+
 /// An elastic run: its sizes and generations, oldest first.
 #[derive(Debug)]
 pub struct Elastic {
@@ -443,9 +452,9 @@ pub struct Elastic {
     pub max: usize,
     /// Oldest first; numbered 1, 2, ... in order.
     pub generations: Vec<Generation>,
-    /// Each member's last heartbeat (none before its first in its running
-    /// generation: only members that send heartbeats can fall silent).
-    pub beats: HashMap<String, Instant>,
+    /// Each member's last heartbeat, and the generation it said it was in
+    /// (a member waiting to join still beats for its old one).
+    pub beats: HashMap<String, LastBeat>,
     /// Generations changed since the last [`Elastic::take_changed`].
     changed: BTreeSet<i64>,
 }
@@ -617,7 +626,10 @@ impl Elastic {
     fn retry_of_running(&self, j: &ElasticJoin) -> Option<i64> {
         let r = self.running()?;
         let m = r.member(&j.member_id)?;
-        let retry = m.address == j.address && j.after < r.number && !self.beats.contains_key(&j.member_id);
+        // Beats for an older generation come from a member still waiting for
+        // its answer: it has not run in this one.
+        let ran = self.beats.get(&j.member_id).is_some_and(|b| b.generation >= r.number);
+        let retry = m.address == j.address && j.after < r.number && !ran;
         retry.then_some(r.number)
     }
 
@@ -876,7 +888,7 @@ impl Elastic {
                 member: member_id.to_string(),
             });
         }
-        self.beats.insert(member_id.to_string(), now);
+        self.beats.insert(member_id.to_string(), LastBeat { at: now, generation });
         let reform =
             self.generations.iter().any(|g| g.number > generation && g.state != GenerationState::Ended);
         let cause = self.generation(generation).and_then(|g| g.end.clone().or_else(|| g.reform.clone()));
@@ -895,7 +907,9 @@ impl Elastic {
             .iter()
             .filter(|m| !m.left && !r.lost.contains(&m.member_id))
             .filter(|m| {
-                self.beats.get(&m.member_id).is_some_and(|at| now.saturating_duration_since(*at) >= timeout)
+                self.beats.get(&m.member_id).is_some_and(|b| {
+                    b.generation >= r.number && now.saturating_duration_since(b.at) >= timeout
+                })
             })
             .map(|m| m.member_id.clone())
             .collect();

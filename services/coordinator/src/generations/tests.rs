@@ -257,6 +257,11 @@ fn a_retry_after_its_generation_closed_is_answered_but_a_member_that_ran_re_form
     assert_eq!(run.generation(1).unwrap().state, GenerationState::Running);
     assert!(run.world_of(1, "a").is_some());
     let moved = ElasticJoin { address: "a:2".into(), ..join("a", 0) };
+    // c still waits for its answer (a coordinator restart cut its call) and
+    // beats for the generation before: its retry is still a retry.
+    run.heartbeat("c", 0, t0).unwrap();
+    assert_eq!(run.join(&join("c", 0), t0, 3), Ok(1), "a beat for an older generation: still a retry");
+    assert_eq!(run.generation(1).unwrap().state, GenerationState::Running);
     run.heartbeat("b", 1, t0).unwrap();
     assert_eq!(run.join(&join("b", 0), t0, 3), Ok(2), "b ran in generation 1: it was restarted");
     assert_eq!(run.generation(1).unwrap().state, GenerationState::Ended);
