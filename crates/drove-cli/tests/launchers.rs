@@ -123,29 +123,28 @@ fn three_processes_with_torchrun_s_variables_meet_at_rank_0_s_coordinator() {
     assert!(seen.iter().all(|r| r["coordinator"] == "master-addr"), "{seen:?}");
 }
 
-#[test]
-fn mpirun_places_three_ranks_that_sum_through_the_given_coordinator() {
+/// `mpirun -np N PROGRAM...` meeting at a coordinator the test serves (the
+/// returned process; only `DROVE_COORDINATOR` is passed on, with
+/// `RAYON_NUM_THREADS`), or `None`, saying why, where there is no mpirun.
+fn under_mpirun(np: usize, dir: &Path) -> Option<(Proc, Command)> {
     if let Some(why) = unsupported("mpirun") {
         eprintln!("skipped: {why}");
-        return;
+        return None;
     }
-    let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
+    let served = coordinator(port, &dir.join("store"), &[]);
     let mut cmd = launch_env_removed(Command::new("mpirun"));
-    cmd.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        "3",
-        "-x",
-        "DROVE_COORDINATOR",
-        DROVE,
-        "check",
-        "--json",
-    ])
-    .env("DROVE_COORDINATOR", format!("127.0.0.1:{port}"));
-    let out = run(&mut cmd);
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()])
+        .args(["-x", "DROVE_COORDINATOR", "-x", "RAYON_NUM_THREADS", DROVE])
+        .env("DROVE_COORDINATOR", format!("127.0.0.1:{port}"));
+    Some((served, cmd))
+}
+
+#[test]
+fn mpirun_places_three_ranks_that_sum_through_the_given_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_coordinator, mut cmd)) = under_mpirun(3, dir.path()) else { return };
+    let out = run(cmd.args(["check", "--json"]));
     assert!(out.status.success(), "{}", text(&out));
     let run_id = assert_check(&reports(&out), 3, "openmpi", &text(&out));
     assert!(run_id.starts_with("openmpi-"), "the run id is the OpenMPI job's: {run_id}");
@@ -153,29 +152,10 @@ fn mpirun_places_three_ranks_that_sum_through_the_given_coordinator() {
 
 #[test]
 fn a_2_rank_minilm_run_under_mpirun_ends_with_drove_run_s_parameters() {
-    if let Some(why) = unsupported("mpirun") {
-        eprintln!("skipped: {why}");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let _coordinator = coordinator(port, &dir.path().join("store"), &[]);
+    let Some((_coordinator, mut cmd)) = under_mpirun(2, dir.path()) else { return };
     let out = dir.path().join("mpirun");
-    let mut cmd = launch_env_removed(Command::new("mpirun"));
-    cmd.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        "2",
-        "-x",
-        "DROVE_COORDINATOR",
-        "-x",
-        "RAYON_NUM_THREADS",
-        DROVE,
-    ])
-    .args(train_args(&out))
-    .env("DROVE_COORDINATOR", format!("127.0.0.1:{port}"));
-    let done = run(&mut cmd);
+    let done = run(cmd.args(train_args(&out)));
     assert!(done.status.success(), "{}", text(&done));
     let d = relative_difference(&read_latest(&out.join("checkpoints")), under_drove_run());
     assert!(d < 1e-6, "mpirun's run differs from drove run's by {d} (relative)");
