@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use common::{DROVE, Proc, assert_each_once, assets, coordinator, free_port, tiny_model, traced};
+use common::{DROVE, Proc, assert_each_once, assets, coordinator, free_port, tiny_training, traced};
 
 /// How long one run may take here.
 const DEADLINE: Duration = Duration::from_secs(400);
@@ -138,22 +138,13 @@ fn a_rank_killed_at_step_10_costs_one_step_and_the_others_finish_at_world_3() {
 /// `drove run ... -- drove train ner` of an elastic fine-tune of the tiny
 /// model (no evaluation), `sentences` sentences in batches of 2, tracing its samples.
 fn launch(launcher: &[&str], sentences: usize, dir: &Path, rank_args: &[&str]) -> Proc {
-    let a = assets();
     let mut cmd = Command::new(DROVE);
     cmd.arg("run")
         .args(launcher)
         .args(["--stop-grace-secs", "2", "--"])
         .arg(DROVE)
-        .args(["train", "ner", "--bucket-window", "0", "--batch-size", "2", "--epochs", "1", "--eval", ""])
-        .args(["--max-train-sentences", &sentences.to_string(), "--workers", "1", "--log-every", "1"])
-        .args(["--dropout", "0", "--reform-check-every", "2", "--random-init", "--data"])
-        .arg(a.join("conll2003"))
-        .arg("--model")
-        .arg(tiny_model(dir))
-        .arg("--out")
-        .arg(dir.join("out"))
-        .arg("--trace-samples")
-        .arg(dir.join("trace.jsonl"))
+        .args(tiny_training(dir, sentences, &dir.join("out")))
+        .args(["--reform-check-every", "2"])
         .args(rank_args)
         .env("RUST_LOG", "warn");
     Proc::spawn(&mut cmd)
@@ -242,18 +233,9 @@ fn a_run_of_2_grows_to_4_when_a_second_drove_run_adds_two() {
 /// Member `id` of an elastic run of `world` sizes, with `env` set: a
 /// fine-tune of `sentences` sentences of a tiny random model without evaluation.
 fn small_member(run: &Small<'_>, id: usize, env: &[(&str, &str)], extra: &[&str]) -> Proc {
-    let (dir, sentences) = (run.dir, run.sentences.to_string());
     let mut cmd = Command::new(DROVE);
-    cmd.args(["train", "ner", "--world", run.world, "--bucket-window", "0", "--batch-size", "2"])
-        .args(["--epochs", "1", "--max-train-sentences", &sentences, "--eval", "", "--workers", "1"])
-        .args(["--log-every", "1", "--dropout", "0", "--random-init", "--data"])
-        .arg(assets().join("conll2003"))
-        .arg("--model")
-        .arg(tiny_model(dir))
-        .arg("--out")
-        .arg(dir.join("out"))
-        .arg("--trace-samples")
-        .arg(dir.join("trace.jsonl"))
+    cmd.args(tiny_training(run.dir, run.sentences, &run.dir.join("out")))
+        .args(["--world", run.world])
         .args(extra)
         .env("DROVE_COORDINATOR", run.addr)
         .env("DROVE_RUN_ID", run.run_id)

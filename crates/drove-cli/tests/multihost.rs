@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use common::netns::{Net, unsupported};
 use common::{
-    DROVE, assert_each_once, assets, read_latest, relative_difference, run, text, tiny_model, traced,
+    DROVE, assert_each_once, assets, read_latest, relative_difference, run, text, tiny_training, traced,
     under_run,
 };
 
@@ -292,22 +292,12 @@ fn an_elastic_member_whose_namespace_is_cut_off_is_lost_and_the_others_finish() 
     let dir = tempfile::tempdir().unwrap();
     let mut reaper = Reaper(Vec::new());
     let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
-    let model = tiny_model(dir.path());
     let (tx, lines) = mpsc::channel();
     let mut members: Vec<_> = (0..3)
         .map(|m| {
             let mut cmd = net.exec(1 + m, Path::new(DROVE));
-            cmd.args(["train", "ner", "--world", "2:3", "--bucket-window", "0", "--batch-size", "2"])
-                .args(["--epochs", "1", "--max-train-sentences", &ELASTIC_SENTENCES.to_string()])
-                .args(["--eval", "", "--workers", "1", "--log-every", "1", "--dropout", "0", "--random-init"])
-                .arg("--data")
-                .arg(assets().join("conll2003"))
-                .arg("--model")
-                .arg(&model)
-                .arg("--out")
-                .arg(dir.path().join(format!("out-{m}")))
-                .arg("--trace-samples")
-                .arg(dir.path().join("trace.jsonl"))
+            cmd.args(tiny_training(dir.path(), ELASTIC_SENTENCES, &dir.path().join(format!("out-{m}"))))
+                .args(["--world", "2:3"])
                 .env("DROVE_COORDINATOR", &coord)
                 .env("DROVE_RUN_ID", "cut-elastic")
                 .env("DROVE_MEMBER_ID", format!("m{m}"))

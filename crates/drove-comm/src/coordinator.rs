@@ -172,33 +172,44 @@ impl CoordinatorRendezvous {
 }
 
 impl CoordinatorRendezvous {
-    /// One fixed-world join; while the coordinator is not up yet and this
-    /// rendezvous waits for it, tried again (after 50 ms, doubling to at
-    /// most 1 s) until `deadline`.
-    async fn join_waiting(
+    /// One join, answered or refused; while the coordinator cannot be
+    /// reached or is restarting and `retry` holds, tried again (after 50 ms,
+    /// doubling to at most 1 s) until `deadline`. Each try asks the
+    /// coordinator to wait only for what is left of the deadline.
+    fn join_until(
         &self,
         mut request: JoinRequest,
         deadline: Instant,
-    ) -> Result<drove_proto::v1::JoinResponse, CommError> {
-        let what = || format!("joining run {:?} at {}", self.run_id, self.addr);
+        retry: bool,
+    ) -> Result<drove_proto::v1::JoinResponse, tonic::Status> {
         let mut backoff = Duration::from_millis(50);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             request.timeout_ms = left.as_millis().max(1) as i64;
-            let answer = match Clients::connect(&self.addr, self.token.as_deref()).await {
-                Ok(mut c) => c.rendezvous.join(request.clone()).await.map(tonic::Response::into_inner),
-                Err(e) => Err(tonic::Status::unavailable(format!("cannot reach the coordinator: {e}"))),
-            };
+            let answer = self.runtime.block_on(async {
+                let mut c = Clients::connect(&self.addr, self.token.as_deref())
+                    .await
+                    .map_err(|e| tonic::Status::unavailable(format!("cannot reach the coordinator: {e}")))?;
+                c.rendezvous.join(request.clone()).await.map(tonic::Response::into_inner)
+            });
             let status = match answer {
                 Ok(response) => return Ok(response),
                 Err(status) => status,
             };
-            let down = matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown);
-            if !(self.wait_for_coordinator && down && !left.is_zero()) {
-                return Err(rendezvous_err(format!("{}: {}", what(), status.message())));
+            let away = matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+            );
+            if !(retry && away && !left.is_zero()) {
+                return Err(status);
             }
-            tracing::debug!("{}: {} (waiting for it to come up)", what(), status.message());
-            tokio::time::sleep(backoff.min(left)).await;
+            tracing::debug!(
+                "joining run {:?} at {}: {} (retrying)",
+                self.run_id,
+                self.addr,
+                status.message()
+            );
+            std::thread::sleep(backoff.min(left));
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
@@ -227,7 +238,7 @@ impl CoordinatorRendezvous {
         listening: SocketAddr,
         deadline: Instant,
     ) -> Result<(PeerTable, World), CommError> {
-        let mut request = JoinRequest {
+        let request = JoinRequest {
             run_id: self.run_id.clone(),
             address: self.advertised(listening).to_string(),
             host: self.host.clone(),
@@ -242,34 +253,19 @@ impl CoordinatorRendezvous {
             cause: join.cause.map(cause_to_wire),
             ..Default::default()
         };
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            request.timeout_ms = left.as_millis().max(1) as i64;
-            let answer = self.runtime.block_on(async {
-                let mut c = Clients::connect(&self.addr, self.token.as_deref())
-                    .await
-                    .map_err(|e| tonic::Status::unavailable(format!("cannot reach the coordinator: {e}")))?;
-                c.rendezvous.join(request.clone()).await.map(tonic::Response::into_inner)
-            });
-            let status = match answer {
-                Ok(response) => return self.elastic_world(response),
-                Err(status) => status,
-            };
-            let what = format!("joining run {:?} at {} as member {}", self.run_id, self.addr, join.member);
-            match status.code() {
-                tonic::Code::FailedPrecondition => {
-                    return Err(CommError::LeftOut(status.message().to_string()));
-                }
-                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
-                    if !left.is_zero() =>
-                {
-                    tracing::debug!("{what}: {} (retrying)", status.message());
-                    std::thread::sleep(backoff.min(left));
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
-                _ => return Err(rendezvous_err(format!("{what}: {}", status.message()))),
+        // Retried while the coordinator is away (a restart in the middle of a re-form).
+        match self.join_until(request, deadline, true) {
+            Ok(response) => self.elastic_world(response),
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                Err(CommError::LeftOut(status.message().to_string()))
             }
+            Err(status) => Err(rendezvous_err(format!(
+                "joining run {:?} at {} as member {}: {}",
+                self.run_id,
+                self.addr,
+                join.member,
+                status.message()
+            ))),
         }
     }
 
@@ -476,28 +472,26 @@ impl Rendezvous for CoordinatorRendezvous {
 
     fn exchange(&self, listening: SocketAddr, deadline: Instant) -> Result<PeerTable, CommError> {
         let advertised = self.advertised(listening);
-        let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
         let request = JoinRequest {
             run_id: self.run_id.clone(),
             world_size: i32::try_from(self.request.world().get()).unwrap_or(i32::MAX),
             address: advertised.to_string(),
             host: self.host.clone(),
             requested_rank: self.request.rank().map_or(-1, wire_rank),
-            timeout_ms: timeout.as_millis() as i64,
             restart_count: i32::try_from(self.restart_count).unwrap_or(i32::MAX),
             ..Default::default()
         };
-        let table = self.runtime.block_on(async {
-            let resp = self.join_waiting(request, deadline).await?;
-            let addrs = peer_addrs(&resp.peers)?;
-            let (rank, given) = (usize::try_from(resp.rank).unwrap_or(usize::MAX), addrs.len());
-            PeerTable::new(Rank::new(rank), addrs).map_err(|_| {
-                rendezvous_err(format!(
-                    "the rendezvous gave rank {} and {given} addresses for world size {}",
-                    resp.rank,
-                    self.request.world()
-                ))
-            })
+        let resp = self.join_until(request, deadline, self.wait_for_coordinator).map_err(|s| {
+            rendezvous_err(format!("joining run {:?} at {}: {}", self.run_id, self.addr, s.message()))
+        })?;
+        let addrs = peer_addrs(&resp.peers)?;
+        let (rank, given) = (usize::try_from(resp.rank).unwrap_or(usize::MAX), addrs.len());
+        let table = PeerTable::new(Rank::new(rank), addrs).map_err(|_| {
+            rendezvous_err(format!(
+                "the rendezvous gave rank {} and {given} addresses for world size {}",
+                resp.rank,
+                self.request.world()
+            ))
         })?;
         if let Some(every) = self.heartbeat {
             let rank = table.place().rank();

@@ -326,8 +326,14 @@ pub fn assert_listed_run(store: &Path, run_id: &str, state: &str, restarts: u64)
 /// A BERT of MiniLM's vocabulary but 2 layers of width 32, to start from
 /// random weights (`--random-init`): the tests of membership need the loop's
 /// mechanics, not a model worth evaluating.
+///
+/// Made once per `dir`: later calls find it (a member started later must not
+/// rewrite files another one is reading).
 pub fn tiny_model(dir: &Path) -> PathBuf {
     let model = dir.join("tiny-model");
+    if model.join("config.json").exists() {
+        return model;
+    }
     std::fs::create_dir_all(&model).unwrap();
     std::fs::copy(assets().join("minilm/vocab.txt"), model.join("vocab.txt")).unwrap();
     let config = serde_json::json!({
@@ -338,6 +344,25 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
     });
     std::fs::write(model.join("config.json"), config.to_string()).unwrap();
     model
+}
+
+/// The arguments of the membership tests' run: `train ner` of the tiny model
+/// (made in `dir`) from random weights on `sentences` sentences in batches of
+/// 2, without evaluation, every step logged, writing to `out` and tracing its
+/// samples to `dir/trace.jsonl` (shared by all its members).
+pub fn tiny_training(dir: &Path, sentences: usize, out: &Path) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> =
+        ["train", "ner", "--bucket-window", "0", "--batch-size", "2", "--epochs", "1", "--eval", ""]
+            .iter()
+            .map(Into::into)
+            .collect();
+    args.extend(["--max-train-sentences".into(), sentences.to_string().into()]);
+    args.extend(["--workers", "1", "--log-every", "1", "--dropout", "0", "--random-init"].map(Into::into));
+    args.extend(["--data".into(), assets().join("conll2003").into()]);
+    args.extend(["--model".into(), tiny_model(dir).into()]);
+    args.extend(["--out".into(), out.as_os_str().to_owned()]);
+    args.extend(["--trace-samples".into(), dir.join("trace.jsonl").into()]);
+    args
 }
 
 /// The trace's (generation, world) pairs, and how often each sample was applied.
