@@ -28,9 +28,10 @@ pub struct AllreduceArgs {
     /// Reduce op of the all-reduce.
     #[arg(long, default_value = "sum", value_name = "sum|average|min|max|product")]
     op: ReduceOp,
-    /// Transport: auto (shared memory on one host) or tcp (the ring).
-    #[arg(long, default_value = "auto", value_name = "auto|tcp")]
-    transport: String,
+    /// Transport: auto (shared memory on one host), tcp (the ring) or
+    /// hierarchical (as auto; fails if shared memory cannot be set up).
+    #[arg(long, default_value = "auto", value_name = "auto|tcp|hierarchical")]
+    transport: drove_comm::Transport,
     /// Timed iterations per size and op, at least (more for small sizes, up to ~0.5 s each).
     #[arg(long, default_value_t = 10, value_name = "N", value_parser = iters)]
     iters: usize,
@@ -263,9 +264,6 @@ pub fn worker(args: &WorkerArgs) -> anyhow::Result<()> {
 
 /// Spawns the ranks and reports rank 0's figures.
 pub fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
-    if !matches!(args.transport.as_str(), "auto" | "tcp") {
-        bail!("unknown transport {:?}: expected auto or tcp", args.transport);
-    }
     let exe = std::env::current_exe().context("locating the drove executable")?;
     let dir = std::env::temp_dir().join(format!(
         "drove-bench-{}-{}",
@@ -298,7 +296,7 @@ pub fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
     let report = Report {
         np: args.np,
         op: args.op.to_string(),
-        transport: args.transport.clone(),
+        transport: args.transport.to_string(),
         machine: Machine::detect(),
         results,
     };
@@ -334,7 +332,7 @@ fn spawn_ranks(
             .env("DROVE_RANK", rank.to_string())
             .env("DROVE_WORLD_SIZE", args.np.to_string())
             .env("DROVE_RENDEZVOUS_DIR", dir)
-            .env("DROVE_COMM_TRANSPORT", &args.transport)
+            .env("DROVE_COMM_TRANSPORT", args.transport.as_str())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -10,11 +10,10 @@ use crate::desc::{OpDesc, OpKind};
 use crate::dtype::{Buffer, DType, ReduceOp, TensorMut, TensorRef, scale_bytes};
 use crate::engine::{Engine, Reduction, split};
 use crate::error::CommError;
-use crate::mesh::{Clock, Mesh};
+use crate::mesh::Mesh;
 use crate::place::Place;
 use crate::profile::{RingProfile, RingStep};
 use crate::rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
-use crate::shm::Shm;
 use crate::spec::OpSpec;
 
 /// How an all-reduce or reduce-scatter combines values.
@@ -146,7 +145,7 @@ pub trait Collective: Send + Sync {
     /// Waits until every rank reaches the barrier.
     fn barrier(&self, name: &str) -> Result<(), CommError>;
 
-    /// How the ranks' bytes move, for reports: `"shm"` or `"tcp"` for a
+    /// How the ranks' bytes move, for reports: `"shm"`, `"hierarchical"` or `"tcp"` for a
     /// [`Communicator`], `"none"` by default (one rank, or a collective
     /// that does not say).
     fn transport(&self) -> &'static str {
@@ -210,14 +209,36 @@ pub trait Collective: Send + Sync {
     }
 }
 
-/// Which transport carries the data.
+/// Which transport carries the data. A host is a kernel and a network
+/// namespace (or `DROVE_HOST_ID`, where set).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
-    /// Shared memory when every rank is on one host (and it can be set up),
-    /// else the TCP ring.
+    /// Shared memory when every rank is on one host; the hierarchical
+    /// all-reduce when some ranks share a host and others do not; the TCP
+    /// ring when no two do (or shared memory cannot be set up).
     Auto,
-    /// Always the TCP ring.
+    /// Always the flat TCP ring.
     Tcp,
+    /// As `Auto`, but a world whose hosts cannot set up shared memory fails
+    /// to connect, naming the ranks, instead of falling back to the ring.
+    Hierarchical,
+}
+
+impl Transport {
+    /// The setting's name, as `DROVE_COMM_TRANSPORT` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Tcp => "tcp",
+            Transport::Hierarchical => "hierarchical",
+        }
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl std::str::FromStr for Transport {
@@ -225,8 +246,9 @@ impl std::str::FromStr for Transport {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "auto" | "shm" => Ok(Transport::Auto),
-            "tcp" => Ok(Transport::Tcp),
-            other => Err(format!("unknown transport {other:?}: expected auto or tcp")),
+            "tcp" | "flat" => Ok(Transport::Tcp),
+            "hierarchical" => Ok(Transport::Hierarchical),
+            other => Err(format!("unknown transport {other:?}: expected auto, tcp or hierarchical")),
         }
     }
 }
@@ -265,7 +287,7 @@ impl Default for CommOptions {
 
 impl CommOptions {
     /// Defaults, overridden by `DROVE_COMM_TIMEOUT` and `DROVE_COMM_WARN_AFTER`
-    /// (seconds) and `DROVE_COMM_TRANSPORT` (`auto` or `tcp`).
+    /// (seconds) and `DROVE_COMM_TRANSPORT` (`auto`, `tcp` or `hierarchical`).
     pub fn from_env() -> Result<Self, CommError> {
         let mut o = CommOptions::default();
         let secs = |name: &str| -> Result<Option<Duration>, CommError> {
@@ -423,12 +445,8 @@ impl Communicator {
         let (rank, world, addrs) = (place.rank().get(), place.world().get(), table.addrs());
         let mut mesh = Mesh::connect(generation, rank, world, &listener, addrs, deadline)?;
         drop(listener);
-        let shm = if world > 1 && opts.transport == Transport::Auto {
-            setup_shm(&mut mesh, opts, deadline)?
-        } else {
-            None
-        };
-        let engine = Engine::new(mesh, shm, opts.timeout, opts.warn_after, opts.fault_kill_after_bytes);
+        let layout = crate::hosts::setup(&mut mesh, opts, deadline)?;
+        let engine = Engine::new(mesh, layout, opts.timeout, opts.warn_after, opts.fault_kill_after_bytes);
         let transport = engine.transport();
         tracing::debug!(rank, world, transport, "communicator connected");
         let shared = Arc::new(Shared {
@@ -473,7 +491,7 @@ impl Communicator {
         self.shared.place
     }
 
-    /// The transport in use: `"shm"` or `"tcp"`.
+    /// The transport in use: `"shm"`, `"hierarchical"` or `"tcp"`.
     pub fn transport(&self) -> &'static str {
         self.shared.transport
     }
@@ -544,64 +562,6 @@ impl Communicator {
         let (mut clock, _) = engine.begin(d)?;
         engine.broadcast(data.bytes_mut(), root, &mut clock)
     }
-}
-
-fn setup_shm(mesh: &mut Mesh, opts: &CommOptions, deadline: Instant) -> Result<Option<Shm>, CommError> {
-    let (rank, world) = (mesh.rank, mesh.world);
-    let one_host = mesh.boot_ids.iter().all(|b| !b.is_empty() && *b == mesh.boot_ids[0]);
-    let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    let mut clock = Clock::new("shared-memory setup".into(), timeout, timeout);
-    let chunk = opts.shm_chunk.max(4096) / 64 * 64;
-    // Rank 0 creates the region and tells everyone its path (empty: no shm).
-    let mut created: Option<(String, Shm)> = None;
-    let mut frame_path = String::new();
-    if rank == 0 && one_host && world * 64 + 64 <= 4096 {
-        let nanos =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let path = format!("/dev/shm/drove-{}-{nanos}", std::process::id());
-        match Shm::open(&path, true, rank, world, chunk) {
-            Ok(shm) => {
-                frame_path = path.clone();
-                created = Some((path, shm));
-            }
-            Err(e) => tracing::info!("shared memory unavailable ({e}); using TCP"),
-        }
-    }
-    let frame = |text: &str| {
-        let mut f = (text.len() as u32).to_le_bytes().to_vec();
-        f.extend_from_slice(text.as_bytes());
-        f
-    };
-    let paths = mesh.all_to_all_frames(&frame(&frame_path), &mut clock)?;
-    let path = if rank == 0 { frame_path.clone() } else { String::from_utf8_lossy(&paths[0]).into_owned() };
-    let mut mine: Option<Shm> = None;
-    let mut status = String::from("none");
-    if !path.is_empty() {
-        if rank == 0 {
-            mine = created.take().map(|(_, s)| s);
-            status = "ok".into();
-        } else {
-            match Shm::open(&path, false, rank, world, chunk) {
-                Ok(s) => {
-                    mine = Some(s);
-                    status = "ok".into();
-                }
-                Err(e) => status = format!("cannot open {path}: {e}"),
-            }
-        }
-    }
-    let statuses = mesh.all_to_all_frames(&frame(&status), &mut clock)?;
-    if rank == 0 && !path.is_empty() {
-        let _ = std::fs::remove_file(&path); // every rank has mapped it (or given up)
-    }
-    let all_ok = (0..world).all(|r| if r == rank { status == "ok" } else { statuses[r] == b"ok" });
-    if !all_ok {
-        if !path.is_empty() {
-            tracing::info!("shared memory not usable by every rank; using TCP");
-        }
-        return Ok(None);
-    }
-    Ok(mine)
 }
 
 impl Collective for Communicator {

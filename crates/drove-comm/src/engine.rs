@@ -1,4 +1,5 @@
-//! The op implementations, over shared memory (ranks on one host) or a TCP ring.
+//! The op implementations, over shared memory (ranks on one host), a TCP ring,
+//! or both (`hierarchical.rs`: ranks on several hosts, some sharing one).
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -6,6 +7,8 @@ use std::time::{Duration, Instant};
 use crate::desc::{OpDesc, check};
 use crate::dtype::{Combine, DType, ReduceOp, combine_bytes, combine_many, finish};
 use crate::error::CommError;
+use crate::hierarchical::HostGroup;
+use crate::hosts::Layout;
 use crate::mesh::{Clock, Mesh};
 use crate::profile::{ExchangeTimes, RingProfile};
 use crate::shm::Shm;
@@ -18,16 +21,89 @@ pub(crate) struct Reduction {
     pub postscale: f64,
 }
 
+/// The bytes an engine has moved, and the test hook that kills the process
+/// after a given count.
+pub(crate) struct Fault {
+    moved: u64,
+    kill_after: Option<u64>,
+}
+
+impl Fault {
+    /// Counts bytes moved; kills this process once past the hook's count.
+    pub fn count(&mut self, bytes: usize) {
+        self.moved += bytes as u64;
+        if let Some(limit) = self.kill_after
+            && self.moved >= limit
+        {
+            // SAFETY: raising a signal on our own process.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// The ranks a ring runs over, in ring order, and this rank's place in it.
+pub(crate) struct Ring {
+    members: Vec<usize>,
+    me: usize,
+}
+
+impl Ring {
+    /// Every rank of the world.
+    pub fn all(rank: usize, world: usize) -> Ring {
+        Ring { members: (0..world).collect(), me: rank }
+    }
+
+    /// `members` (global ranks, `rank` among them).
+    pub fn of(members: Vec<usize>, rank: usize) -> Ring {
+        let me = members.iter().position(|&r| r == rank).expect("a rank is in its own ring");
+        Ring { members, me }
+    }
+
+    fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    fn next(&self) -> usize {
+        self.members[(self.me + 1) % self.len()]
+    }
+
+    fn prev(&self) -> usize {
+        self.members[(self.me + self.len() - 1) % self.len()]
+    }
+}
+
+/// Who gets the result of a staged reduction over shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deliver {
+    /// Every rank of the region (an all-reduce).
+    Everyone,
+    /// Only the rank of this slot (a reduce, as the first step of the
+    /// hierarchical all-reduce).
+    Slot(usize),
+}
+
+/// The shared-memory side of an engine: a region and how many rounds it has
+/// run (rounds alternate between its two buffers).
+pub(crate) struct Staged<'a> {
+    pub shm: &'a mut Shm,
+    pub round: &'a mut usize,
+    pub mesh: &'a Mesh,
+    pub fault: &'a mut Fault,
+}
+
 pub(crate) struct Engine {
     pub mesh: Mesh,
     pub shm: Option<Shm>,
+    /// This host's ranks in a hierarchical world.
+    pub hosts: Option<HostGroup>,
     pub timeout: Duration,
     pub warn_after: Duration,
     pub seq: u64,
     pub broken: Option<String>,
-    shm_round: usize,
-    moved: u64,
-    kill_after: Option<u64>,
+    pub shm_round: usize,
+    pub fault: Fault,
     scratch: Vec<u64>,
     /// The ring's profile, while it is taken.
     pub profile: Option<RingProfile>,
@@ -97,21 +173,26 @@ fn piece_of(seg: &Range<usize>, k: usize, piece: usize) -> Range<usize> {
 impl Engine {
     pub fn new(
         mesh: Mesh,
-        shm: Option<Shm>,
+        layout: Layout,
         timeout: Duration,
         warn_after: Duration,
         kill_after: Option<u64>,
     ) -> Self {
+        let (shm, hosts) = match layout {
+            Layout::Ring => (None, None),
+            Layout::Shared(shm) => (Some(shm), None),
+            Layout::Hierarchical(group) => (None, Some(group)),
+        };
         Engine {
             mesh,
             shm,
+            hosts,
             timeout,
             warn_after,
             seq: 0,
             broken: None,
             shm_round: 0,
-            moved: 0,
-            kill_after,
+            fault: Fault { moved: 0, kill_after },
             scratch: Vec::new(),
             profile: None,
         }
@@ -126,7 +207,11 @@ impl Engine {
     }
 
     pub fn transport(&self) -> &'static str {
-        if self.shm.is_some() { "shm" } else { "tcp" }
+        match (&self.shm, &self.hosts) {
+            (Some(_), _) => "shm",
+            (None, Some(_)) => "hierarchical",
+            (None, None) => "tcp",
+        }
     }
 
     /// Starts profiling one ring step's exchange, if the ring is profiled.
@@ -153,15 +238,7 @@ impl Engine {
 
     /// Counts bytes moved; test hook that kills this process mid-op.
     fn moved(&mut self, bytes: usize) {
-        self.moved += bytes as u64;
-        if let Some(limit) = self.kill_after
-            && self.moved >= limit
-        {
-            // SAFETY: raising a signal on our own process.
-            unsafe {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
-        }
+        self.fault.count(bytes);
     }
 
     /// Sends this rank's description to all, checks all agree. On success returns
@@ -216,65 +293,33 @@ impl Engine {
         let r = if self.world() == 1 {
             finish(red.dtype, red.op, 1, red.postscale, buf);
             Ok(())
-        } else if self.shm.is_some() {
-            self.shm_all_reduce(buf, red, clock)
+        } else if let Some(shm) = self.shm.as_mut() {
+            let world = self.mesh.world;
+            let mut staged =
+                Staged { shm, round: &mut self.shm_round, mesh: &self.mesh, fault: &mut self.fault };
+            staged.reduce(buf, red, Deliver::Everyone, Some(world), clock)
+        } else if self.hosts.is_some() {
+            self.hierarchical_all_reduce(buf, red, clock)
         } else {
-            self.ring_all_reduce(buf, red, clock)
+            let ring = Ring::all(self.rank(), self.world());
+            self.ring_all_reduce(&ring, buf, red, self.world(), clock)
         };
         r.inspect_err(|e| self.fail(e))
-    }
-
-    fn shm_all_reduce(&mut self, buf: &mut [u8], red: Reduction, clock: &mut Clock) -> Result<(), CommError> {
-        let (rank, world, es) = (self.rank(), self.world(), red.dtype.size());
-        let n = buf.len() / es;
-        let segs = split(n, world);
-        let shm = self.shm.as_mut().expect("shm transport");
-        let piece = piece_elements(shm.chunk, world, es);
-        let rounds = segs.iter().map(|s| s.len().div_ceil(piece)).max().unwrap_or(0);
-        let combine = Combine::from(red.op);
-        let mut moved = 0;
-        for k in 0..rounds {
-            let b = (self.shm_round + k) % 2;
-            let shm = self.shm.as_mut().expect("shm transport");
-            moved += stage_pieces(shm.slot(rank, b), buf, &segs, k, piece, es);
-            shm.publish();
-            shm.wait_all(&self.mesh, clock)?;
-            let mine = scale(&piece_of(&segs[rank], k, piece), es);
-            if !mine.is_empty() {
-                let srcs: Vec<&[u8]> =
-                    (0..world).map(|q| &shm.slot(q, b)[rank * piece * es..][..mine.len()] as &[u8]).collect();
-                let out = &mut buf[mine.clone()];
-                combine_many(red.dtype, combine, out, &srcs);
-                finish(red.dtype, red.op, world, red.postscale, out);
-                shm.slot(rank, b)[rank * piece * es..][..mine.len()].copy_from_slice(out);
-            }
-            shm.publish();
-            shm.wait_all(&self.mesh, clock)?;
-            for (q, seg) in segs.iter().enumerate() {
-                if q != rank {
-                    let p = scale(&piece_of(seg, k, piece), es);
-                    buf[p.clone()].copy_from_slice(&shm.slot(q, b)[q * piece * es..][..p.len()]);
-                }
-            }
-            self.moved(moved);
-            moved = 0;
-        }
-        self.shm_round += rounds;
-        Ok(())
     }
 
     /// Ring reduce-scatter phase: after it, rank `r` holds the fully combined
     /// segment `(r + 1 + offset) % N` (not yet finished).
     fn ring_reduce_scatter_phase(
         &mut self,
+        ring: &Ring,
         buf: &mut [u8],
         segs: &[Range<usize>],
         offset: usize,
         red: Reduction,
         clock: &mut Clock,
     ) -> Result<(), CommError> {
-        let (rank, n) = (self.rank(), self.world());
-        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        let (rank, n) = (ring.me, ring.len());
+        let (next, prev) = (ring.next(), ring.prev());
         let es = red.dtype.size();
         let combine = Combine::from(red.op);
         let max_seg = segs.iter().map(|s| s.len() * es).max().unwrap_or(0);
@@ -324,14 +369,15 @@ impl Engine {
     /// Ring all-gather phase: rank `r` starts holding segment `(r + 1 + offset) % N`.
     fn ring_all_gather_phase(
         &mut self,
+        ring: &Ring,
         buf: &mut [u8],
         segs: &[Range<usize>],
         offset: usize,
         es: usize,
         clock: &mut Clock,
     ) -> Result<(), CommError> {
-        let (rank, n) = (self.rank(), self.world());
-        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        let (rank, n) = (ring.me, ring.len());
+        let (next, prev) = (ring.next(), ring.prev());
         for s in 0..n - 1 {
             let send_idx = (rank + 1 + offset + 2 * n - s) % n;
             let recv_idx = (rank + offset + 2 * n - s) % n;
@@ -352,18 +398,22 @@ impl Engine {
         Ok(())
     }
 
-    fn ring_all_reduce(
+    /// Ring all-reduce over `ring`'s ranks; the result is finished as the
+    /// reduction of `world` ranks (more than the ring's in a hierarchical world).
+    pub(crate) fn ring_all_reduce(
         &mut self,
+        ring: &Ring,
         buf: &mut [u8],
         red: Reduction,
+        world: usize,
         clock: &mut Clock,
     ) -> Result<(), CommError> {
-        let (rank, n, es) = (self.rank(), self.world(), red.dtype.size());
+        let (rank, n, es) = (ring.me, ring.len(), red.dtype.size());
         let segs = split(buf.len() / es, n);
-        self.ring_reduce_scatter_phase(buf, &segs, 0, red, clock)?;
+        self.ring_reduce_scatter_phase(ring, buf, &segs, 0, red, clock)?;
         let mine = scale(&segs[(rank + 1) % n], es);
-        finish(red.dtype, red.op, n, red.postscale, &mut buf[mine]);
-        self.ring_all_gather_phase(buf, &segs, 0, es, clock)
+        finish(red.dtype, red.op, world, red.postscale, &mut buf[mine]);
+        self.ring_all_gather_phase(ring, buf, &segs, 0, es, clock)
     }
 
     // ---- reduce-scatter ----------------------------------------------------------
@@ -387,7 +437,8 @@ impl Engine {
             self.shm_reduce_scatter(input, segs, out, red, clock)
         } else {
             // Offset n - 1: rank r ends holding segment r.
-            self.ring_reduce_scatter_phase(input, segs, n - 1, red, clock).map(|()| {
+            let ring = Ring::all(rank, n);
+            self.ring_reduce_scatter_phase(&ring, input, segs, n - 1, red, clock).map(|()| {
                 let mine = scale(&segs[rank], es);
                 out.copy_from_slice(&input[mine]);
                 finish(red.dtype, red.op, n, red.postscale, out);
@@ -459,8 +510,9 @@ impl Engine {
                 .collect();
             out[segs[self.rank()].clone()].copy_from_slice(input);
             let n = self.world();
+            let ring = Ring::all(self.rank(), n);
             // Offset n - 1: rank r starts holding segment r.
-            self.ring_all_gather_phase(out, &segs, n - 1, 1, clock)
+            self.ring_all_gather_phase(&ring, out, &segs, n - 1, 1, clock)
         };
         r.inspect_err(|e| self.fail(e))
     }
@@ -506,34 +558,14 @@ impl Engine {
     pub fn broadcast(&mut self, buf: &mut [u8], root: usize, clock: &mut Clock) -> Result<(), CommError> {
         let r = if self.world() == 1 {
             Ok(())
-        } else if self.shm.is_some() {
-            self.shm_broadcast(buf, root, clock)
+        } else if let Some(shm) = self.shm.as_mut() {
+            let mut staged =
+                Staged { shm, round: &mut self.shm_round, mesh: &self.mesh, fault: &mut self.fault };
+            staged.broadcast(buf, root, clock)
         } else {
             self.chain_broadcast(buf, root, clock)
         };
         r.inspect_err(|e| self.fail(e))
-    }
-
-    fn shm_broadcast(&mut self, buf: &mut [u8], root: usize, clock: &mut Clock) -> Result<(), CommError> {
-        let rank = self.rank();
-        let chunk = self.shm.as_ref().expect("shm transport").chunk;
-        let rounds = buf.len().div_ceil(chunk);
-        for k in 0..rounds {
-            let b = (self.shm_round + k) % 2;
-            let part = k * chunk..((k + 1) * chunk).min(buf.len());
-            let shm = self.shm.as_mut().expect("shm transport");
-            if rank == root {
-                shm.slot(root, b)[..part.len()].copy_from_slice(&buf[part.clone()]);
-            }
-            shm.publish();
-            shm.wait_all(&self.mesh, clock)?;
-            if rank != root {
-                buf[part.clone()].copy_from_slice(&shm.slot(root, b)[..part.len()]);
-            }
-            self.moved(part.len());
-        }
-        self.shm_round += rounds;
-        Ok(())
     }
 
     /// Pipelined chain root -> root+1 -> ... in 1 MiB chunks.
@@ -566,6 +598,85 @@ impl Engine {
             self.moved(sent_total);
             r?;
         }
+        Ok(())
+    }
+}
+
+impl Staged<'_> {
+    /// Reduces `buf` (elements of `red.dtype`) across the region's ranks: in
+    /// rounds, every rank stages a piece of each segment, the owner of a
+    /// segment combines its pieces from every slot, and whoever `deliver`
+    /// names copies the combined pieces back. With `finish: Some(n)` the
+    /// result is finished as the reduction of `n` ranks (averaged,
+    /// post-scaled); with `None` it is left as the plain combination.
+    pub fn reduce(
+        &mut self,
+        buf: &mut [u8],
+        red: Reduction,
+        deliver: Deliver,
+        finish_as: Option<usize>,
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
+        let (rank, world, es) = (self.shm.rank, self.shm.world, red.dtype.size());
+        let n = buf.len() / es;
+        let segs = split(n, world);
+        let piece = piece_elements(self.shm.chunk, world, es);
+        let rounds = segs.iter().map(|s| s.len().div_ceil(piece)).max().unwrap_or(0);
+        let combine = Combine::from(red.op);
+        let receives = deliver == Deliver::Everyone || deliver == Deliver::Slot(rank);
+        for k in 0..rounds {
+            let b = (*self.round + k) % 2;
+            let shm = &mut *self.shm;
+            let moved = stage_pieces(shm.slot(rank, b), buf, &segs, k, piece, es);
+            shm.publish();
+            shm.wait_all(self.mesh, clock)?;
+            let mine = scale(&piece_of(&segs[rank], k, piece), es);
+            if !mine.is_empty() {
+                let srcs: Vec<&[u8]> =
+                    (0..world).map(|q| &shm.slot(q, b)[rank * piece * es..][..mine.len()] as &[u8]).collect();
+                let out = &mut buf[mine.clone()];
+                combine_many(red.dtype, combine, out, &srcs);
+                if let Some(n) = finish_as {
+                    finish(red.dtype, red.op, n, red.postscale, out);
+                }
+                shm.slot(rank, b)[rank * piece * es..][..mine.len()].copy_from_slice(out);
+            }
+            shm.publish();
+            shm.wait_all(self.mesh, clock)?;
+            if receives {
+                for (q, seg) in segs.iter().enumerate() {
+                    if q != rank {
+                        let p = scale(&piece_of(seg, k, piece), es);
+                        buf[p.clone()].copy_from_slice(&shm.slot(q, b)[q * piece * es..][..p.len()]);
+                    }
+                }
+            }
+            self.fault.count(moved);
+        }
+        *self.round += rounds;
+        Ok(())
+    }
+
+    /// Copies `buf` of slot `root` to every rank of the region.
+    pub fn broadcast(&mut self, buf: &mut [u8], root: usize, clock: &mut Clock) -> Result<(), CommError> {
+        let rank = self.shm.rank;
+        let chunk = self.shm.chunk;
+        let rounds = buf.len().div_ceil(chunk);
+        for k in 0..rounds {
+            let b = (*self.round + k) % 2;
+            let part = k * chunk..((k + 1) * chunk).min(buf.len());
+            let shm = &mut *self.shm;
+            if rank == root {
+                shm.slot(root, b)[..part.len()].copy_from_slice(&buf[part.clone()]);
+            }
+            shm.publish();
+            shm.wait_all(self.mesh, clock)?;
+            if rank != root {
+                buf[part.clone()].copy_from_slice(&shm.slot(root, b)[..part.len()]);
+            }
+            self.fault.count(part.len());
+        }
+        *self.round += rounds;
         Ok(())
     }
 }

@@ -44,6 +44,8 @@ mod elastic_comm;
 mod engine;
 mod error;
 pub mod fusion;
+mod hierarchical;
+mod hosts;
 mod mesh;
 mod place;
 mod profile;

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use crate::error::CommError;
 use crate::profile::ExchangeTimes;
 
+/// The longest host id a greeting carries (longer ones are cut).
+const MAX_HOST_ID: usize = 256;
 const MAGIC: u64 = 0x6472_6f76_6532_0002; // "drove2" + protocol version 2 (the greeting carries the generation)
 
 /// Deadline, stall warning and the op they belong to.
@@ -63,16 +65,10 @@ pub(crate) struct Mesh {
     pub rank: usize,
     pub world: usize,
     peers: Vec<Option<TcpStream>>,
-    /// Boot id of each rank's kernel: equal ids share a host.
-    pub boot_ids: Vec<String>,
+    /// Host id of each rank (`hosts::host_id`): equal ids share a host.
+    pub host_ids: Vec<String>,
     /// While the ring is profiled: what the current exchange measured.
     pub timing: Option<ExchangeTimes>,
-}
-
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
 }
 
 fn tune(stream: &TcpStream) -> std::io::Result<()> {
@@ -89,7 +85,7 @@ struct Hello {
     generation: u64,
     rank: usize,
     world: usize,
-    boot: String,
+    host: String,
 }
 
 fn write_hello(
@@ -97,15 +93,16 @@ fn write_hello(
     generation: u64,
     rank: usize,
     world: usize,
-    boot: &str,
+    host: &str,
 ) -> std::io::Result<()> {
+    let host = &host.as_bytes()[..host.len().min(MAX_HOST_ID)];
     let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&MAGIC.to_le_bytes());
     b.extend_from_slice(&generation.to_le_bytes());
     b.extend_from_slice(&(rank as u32).to_le_bytes());
     b.extend_from_slice(&(world as u32).to_le_bytes());
-    b.extend_from_slice(&(boot.len() as u32).to_le_bytes());
-    b.extend_from_slice(boot.as_bytes());
+    b.extend_from_slice(&(host.len() as u32).to_le_bytes());
+    b.extend_from_slice(host);
     stream.write_all(&b)
 }
 
@@ -116,9 +113,12 @@ fn read_hello(stream: &mut TcpStream) -> std::io::Result<Hello> {
     let magic = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
     let generation = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
     let (rank, world, len) = (word(16), word(20), word(24));
-    let mut boot = vec![0u8; len.min(256)];
-    stream.read_exact(&mut boot)?;
-    Ok(Hello { magic, generation, rank, world, boot: String::from_utf8_lossy(&boot).into_owned() })
+    if len > MAX_HOST_ID {
+        return Err(std::io::Error::other(format!("a host id of {len} bytes (at most {MAX_HOST_ID})")));
+    }
+    let mut host = vec![0u8; len];
+    stream.read_exact(&mut host)?;
+    Ok(Hello { magic, generation, rank, world, host: String::from_utf8_lossy(&host).into_owned() })
 }
 
 /// The greeting of an accepted connection, if it is one of the `missing`
@@ -164,10 +164,10 @@ impl Mesh {
         addrs: &[SocketAddr],
         deadline: Instant,
     ) -> Result<Mesh, CommError> {
-        let boot = boot_id();
+        let host = crate::hosts::host_id();
         let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
-        let mut boot_ids = vec![String::new(); world];
-        boot_ids[rank] = boot.clone();
+        let mut host_ids = vec![String::new(); world];
+        host_ids[rank] = host.clone();
         let timeout_err = |what: String| CommError::Rendezvous(format!("rank {rank}: {what}"));
         // Dial lower ranks, retrying until they listen.
         for (peer, addr) in addrs.iter().enumerate().take(rank) {
@@ -193,7 +193,7 @@ impl Mesh {
                     deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
                 ))
                 .map_err(|e| CommError::io("configuring a socket", e))?;
-            write_hello(&mut stream, generation, rank, world, &boot)
+            write_hello(&mut stream, generation, rank, world, &host)
                 .map_err(|e| CommError::io(format!("greeting rank {peer}"), e))?;
             let hello = read_hello(&mut stream)
                 .map_err(|e| CommError::io(format!("reading rank {peer}'s greeting"), e))?;
@@ -206,7 +206,7 @@ impl Mesh {
             if hello.generation != generation {
                 return Err(CommError::StaleGeneration { ours: generation, theirs: hello.generation, peer });
             }
-            boot_ids[peer] = hello.boot;
+            host_ids[peer] = hello.host;
             peers[peer] = Some(stream);
         }
         // Accept higher ranks.
@@ -226,10 +226,10 @@ impl Mesh {
                         continue;
                     };
                     let their_rank = hello.rank;
-                    write_hello(&mut stream, generation, rank, world, &boot)
+                    write_hello(&mut stream, generation, rank, world, &host)
                         .map_err(|e| CommError::io(format!("greeting rank {their_rank}"), e))?;
                     missing.retain(|&r| r != their_rank);
-                    boot_ids[their_rank] = hello.boot;
+                    host_ids[their_rank] = hello.host;
                     peers[their_rank] = Some(stream);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -246,7 +246,7 @@ impl Mesh {
             s.set_read_timeout(None).map_err(|e| CommError::io("configuring a socket", e))?;
             s.set_nonblocking(true).map_err(|e| CommError::io("configuring a socket", e))?;
         }
-        Ok(Mesh { rank, world, peers, boot_ids, timing: None })
+        Ok(Mesh { rank, world, peers, host_ids, timing: None })
     }
 
     fn stream(&mut self, peer: usize) -> &mut TcpStream {

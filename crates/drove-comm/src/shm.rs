@@ -4,8 +4,13 @@
 //! through the caches instead of through the kernel's socket buffers.
 //!
 //! Waiting spins briefly, then yields, then sleeps on a futex; every millisecond
-//! it checks the deadline and the TCP mesh for dead peers, so nothing waits
-//! without a deadline.
+//! it checks the deadline, the TCP mesh for dead peers and the region's abort
+//! record, so nothing waits without a deadline. A region may serve a whole
+//! world (every rank on one host) or one host's ranks of a hierarchical world;
+//! its slots are named by the global ranks that own them, so errors name ranks
+//! as the rest of the world knows them. There the host's leader, failing in
+//! the ring between hosts, writes its error to the abort record, and the ranks
+//! waiting for it on this host fail with the same ranks named.
 
 use std::fs::OpenOptions;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -17,13 +22,25 @@ use crate::error::CommError;
 use crate::mesh::{Clock, Mesh};
 
 const LINE: usize = 64;
-const HEADER: usize = 4096;
+/// Counters (one line per rank, then the sleepers' line) in the first half,
+/// the abort record in the second.
+const HEADER: usize = 8192;
+const ABORT: usize = HEADER / 2;
+/// Room for the abort record's ranks and message.
+const ABORT_ROOM: usize = HEADER - ABORT - 12;
+
+/// The most ranks one region serves.
+pub(crate) const MAX_RANKS: usize = ABORT / LINE - 1;
 
 /// The mapped region.
 pub(crate) struct Shm {
     map: MmapMut,
+    /// This rank's slot.
     pub rank: usize,
+    /// How many ranks share the region.
     pub world: usize,
+    /// The global rank owning each slot (errors name these).
+    ranks: Vec<usize>,
     /// Bytes of one staging buffer.
     pub chunk: usize,
     /// This rank's published phase.
@@ -40,9 +57,17 @@ impl Shm {
         HEADER + world * 2 * chunk
     }
 
-    /// Creates (rank 0) or opens (others) the region at `path`.
-    pub fn open(path: &str, create: bool, rank: usize, world: usize, chunk: usize) -> std::io::Result<Shm> {
-        assert!(world * LINE + LINE <= HEADER, "too many ranks for the shared-memory header");
+    /// Creates (the first of `ranks`) or opens (the others) the region at
+    /// `path` for slot `rank`; slot `i` belongs to global rank `ranks[i]`.
+    pub fn open(
+        path: &str,
+        create: bool,
+        rank: usize,
+        ranks: Vec<usize>,
+        chunk: usize,
+    ) -> std::io::Result<Shm> {
+        let world = ranks.len();
+        assert!(world <= MAX_RANKS, "too many ranks for the shared-memory header");
         assert!(chunk.is_multiple_of(LINE));
         let file = OpenOptions::new().read(true).write(true).create_new(create).open(path)?;
         if create {
@@ -53,7 +78,7 @@ impl Shm {
         // SAFETY: the file is ours (created with a unique name and unlinked once
         // every rank mapped it); concurrent access follows the counter protocol.
         let map = unsafe { MmapMut::map_mut(&file)? };
-        Ok(Shm { map, rank, world, chunk, phase: 0 })
+        Ok(Shm { map, rank, world, ranks, chunk, phase: 0 })
     }
 
     fn counter(&self, r: usize) -> &AtomicU32 {
@@ -86,6 +111,66 @@ impl Shm {
             futex_wake(c);
         }
         self.phase
+    }
+
+    fn abort_flag(&self) -> &AtomicU32 {
+        // SAFETY: in bounds and aligned (HEADER/2 in a page-aligned map).
+        unsafe { &*(self.map.as_ptr().add(ABORT) as *const AtomicU32) }
+    }
+
+    /// Records `error` for the ranks waiting on this region (the first
+    /// record wins) and wakes them.
+    pub fn abort(&self, error: &CommError) {
+        let named = match error {
+            CommError::PeerLost { ranks, .. } | CommError::Timeout { ranks, .. } => ranks.clone(),
+            CommError::Stalled { ranks, hung_up, .. } => ranks.iter().chain(hung_up).copied().collect(),
+            _ => Vec::new(),
+        };
+        let mut record: Vec<u8> = Vec::new();
+        record.extend_from_slice(&(named.len() as u32).to_le_bytes());
+        named.iter().for_each(|&r| record.extend_from_slice(&(r as u32).to_le_bytes()));
+        record.extend_from_slice(error.to_string().as_bytes());
+        record.truncate(ABORT_ROOM);
+        let flag = self.abort_flag();
+        if flag.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return;
+        }
+        // SAFETY: in bounds; only the rank that set the flag to 1 writes here,
+        // and readers read only after it is 2 (release below).
+        unsafe {
+            let at = self.map.as_ptr().add(ABORT + 4) as *mut u8;
+            std::ptr::copy_nonoverlapping((record.len() as u32).to_le_bytes().as_ptr(), at, 4);
+            std::ptr::copy_nonoverlapping(record.as_ptr(), at.add(4), record.len());
+        }
+        flag.store(2, Ordering::Release);
+        for r in 0..self.world {
+            futex_wake(self.counter(r));
+        }
+    }
+
+    /// The error another rank recorded with [`Shm::abort`], as this rank's
+    /// error in `op`.
+    fn aborted(&self, op: &str) -> Option<CommError> {
+        if self.abort_flag().load(Ordering::Acquire) != 2 {
+            return None;
+        }
+        // SAFETY: in bounds; written once before the flag became 2.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(ABORT + 4), HEADER - ABORT - 4) };
+        let len = (u32::from_le_bytes(bytes[..4].try_into().ok()?) as usize).min(ABORT_ROOM);
+        let record = &bytes[4..4 + len];
+        let count = u32::from_le_bytes(record.get(..4)?.try_into().ok()?) as usize;
+        let ranks: Vec<usize> = record
+            .get(4..4 + 4 * count)?
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")) as usize)
+            .collect();
+        let message = String::from_utf8_lossy(&record[4 + 4 * count..]);
+        Some(CommError::PeerLost {
+            op: op.to_string(),
+            ranks,
+            detail: format!("this host's leader failed between hosts ({message})"),
+        })
     }
 
     fn reached(&self, r: usize, phase: u32) -> bool {
@@ -125,8 +210,14 @@ impl Shm {
                 }
                 if spins.is_multiple_of(256) || last_check.elapsed() >= Duration::from_millis(1) {
                     last_check = Instant::now();
-                    let missing: Vec<usize> =
-                        who.clone().filter(|&q| q != self.rank && !self.reached(q, phase)).collect();
+                    if let Some(e) = self.aborted(&clock.op) {
+                        return Err(e);
+                    }
+                    let missing: Vec<usize> = who
+                        .clone()
+                        .filter(|&q| q != self.rank && !self.reached(q, phase))
+                        .map(|q| self.ranks[q])
+                        .collect();
                     mesh.check_alive(clock, &missing)?;
                     mesh.check_deadline(clock, &missing)?;
                 }

@@ -1,5 +1,7 @@
 //! Real processes on 127.0.0.1: 2, 3 and 4 ranks of `drove-comm-worker`, over
-//! shared memory and over the TCP ring.
+//! shared memory and over the TCP ring; and worlds whose ranks `DROVE_HOST_ID`
+//! spreads over several hosts, for the hierarchical all-reduce (the namespace
+//! tests of drove-cli run it across real network namespaces).
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -14,12 +16,22 @@ struct World {
 
 /// Runs `n` ranks of the worker; kills them all if they outlive `limit`.
 fn run_world(n: usize, transport: &str, args: &[&str], timeout_s: &str, limit: Duration) -> World {
+    run_world_on(&vec![""; n], transport, args, timeout_s, limit)
+}
+
+/// Runs a rank of the worker for each of `hosts`, rank `r` told it is on
+/// host `hosts[r]` (`DROVE_HOST_ID`; empty: its real host).
+fn run_world_on(hosts: &[&str], transport: &str, args: &[&str], timeout_s: &str, limit: Duration) -> World {
+    let n = hosts.len();
     let dir = tempfile::tempdir().unwrap();
     let start = Instant::now();
     let children: Vec<Child> = (0..n)
         .map(|rank| {
-            Command::new(env!("CARGO_BIN_EXE_drove-comm-worker"))
-                .args(args)
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_drove-comm-worker"));
+            if !hosts[rank].is_empty() {
+                cmd.env("DROVE_HOST_ID", hosts[rank]);
+            }
+            cmd.args(args)
                 .env("DROVE_RANK", rank.to_string())
                 .env("DROVE_WORLD_SIZE", n.to_string())
                 .env("DROVE_RENDEZVOUS_DIR", dir.path())
@@ -271,5 +283,73 @@ fn a_static_file_of_addresses_is_a_rendezvous() {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(v["result"]["sum"], 3);
+    }
+}
+
+/// Hosts by rank: 2 x 2, uneven (2 + 1), and interleaved with a host alone
+/// (ranks 0, 2 on one host, 1, 3 on another, 4 alone).
+const HOST_LAYOUTS: [&[&str]; 3] = [&["a", "a", "b", "b"], &["a", "b", "a"], &["a", "b", "a", "b", "c"]];
+
+fn transports(w: &World) -> Vec<String> {
+    w.results.iter().map(|r| r.as_ref().map_or(String::new(), |r| r["transport"].to_string())).collect()
+}
+
+#[test]
+fn hierarchical_all_reduce_gives_the_closed_form_results_on_every_layout_of_hosts() {
+    for hosts in HOST_LAYOUTS {
+        let w = run_world_on(hosts, "hierarchical", &["closed-form"], "30", Duration::from_secs(120));
+        for (rank, r) in all_succeeded(&w).iter().enumerate() {
+            let failures = r["failures"].as_array().unwrap();
+            assert!(failures.is_empty(), "{hosts:?} rank {rank}: {failures:#?}");
+            assert!(r["checks"].as_u64().unwrap() >= 190, "{r}");
+        }
+        assert!(transports(&w).iter().all(|t| t == "\"hierarchical\""), "{hosts:?}: {:?}", transports(&w));
+    }
+}
+
+#[test]
+fn hierarchical_disagreements_fail_on_every_rank_before_any_data_moves() {
+    let w = run_world_on(HOST_LAYOUTS[0], "auto", &["errors"], "30", Duration::from_secs(60));
+    assert!(transports(&w).iter().all(|t| t == "\"hierarchical\""), "{:?}", transports(&w));
+    for (rank, r) in all_succeeded(&w).iter().enumerate() {
+        let errs = r["errors"].as_array().unwrap();
+        assert!(errs.iter().all(|e| e["ok"] == false && e["recoverable"] == true), "rank {rank}: {errs:#?}");
+        let first = errs[0]["message"].as_str().unwrap();
+        assert!(
+            first.contains("[17, 17, 17] on rank 0") && first.contains("[18, 18, 18] on rank 1"),
+            "{first}"
+        );
+        assert_eq!(r["usable_after"], serde_json::json!([true, true, true, true, true]), "rank {rank}");
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_hierarchical_all_reduce_is_named_on_both_hosts() {
+    let deadline_s = 10;
+    // Rank 1 (not a leader) dies in its host's reduction, rank 2 (host b's
+    // leader) in the ring between the hosts; each after 32 MiB of 256 MiB.
+    for victim in [1usize, 2] {
+        let w = run_world_on(
+            HOST_LAYOUTS[0],
+            "hierarchical",
+            &["kill", &victim.to_string(), &(32u64 << 20).to_string(), "256"],
+            &deadline_s.to_string(),
+            Duration::from_secs(60),
+        );
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            w.outputs[victim].status.signal(),
+            Some(libc::SIGKILL),
+            "victim {victim}\n{}",
+            describe(&w)
+        );
+        for rank in (0..4).filter(|&r| r != victim) {
+            assert!(w.outputs[rank].status.success(), "victim {victim}: rank {rank}\n{}", describe(&w));
+            let r = &w.results[rank].as_ref().expect("JSON")["result"];
+            let err = r["error"].as_str().unwrap_or_else(|| panic!("rank {rank} saw no error: {r}"));
+            assert!(err.contains("all_reduce \"big\""), "{err}");
+            assert!(lost_ranks(err).contains(&victim), "victim {victim}: rank {rank} should name it: {err}");
+            assert!(r["elapsed_ms"].as_u64().unwrap() < deadline_s * 1000, "{r}");
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! A rank process for drove-comm's multi-process tests: runs one scenario and
 //! prints one JSON line. Launch N copies with `DROVE_RANK`, `DROVE_WORLD_SIZE`
 //! and `DROVE_RENDEZVOUS_DIR` (or `DROVE_PEERS`) set; `DROVE_COMM_TRANSPORT`
-//! and `DROVE_COMM_TIMEOUT` choose the transport and the deadline.
+//! and `DROVE_COMM_TIMEOUT` choose the transport and the deadline, `DROVE_HOST_ID`
+//! which ranks count as one host. The line also says which transport ran.
 //!
 //! Scenarios: `closed-form`, `errors`, `kill VICTIM BYTES MIB`, `stall VICTIM`,
 //! `fusion`, `sum-rank`. Logs (stall warnings) go to stderr.
@@ -442,18 +443,19 @@ fn run() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let arg = |i: usize| -> Result<u64, Box<dyn std::error::Error>> {
         Ok(args.get(i).ok_or_else(|| format!("{scenario}: missing argument {i}"))?.parse()?)
     };
+    const SCENARIOS: [&str; 6] = ["closed-form", "errors", "kill", "stall", "fusion", "sum-rank"];
+    if !SCENARIOS.contains(&scenario) {
+        return Err(format!("unknown scenario {scenario:?}: {}", SCENARIOS.join(", ")).into());
+    }
     let rank: usize = std::env::var("DROVE_RANK")?.parse()?;
+    let fault = if scenario == "kill" { (rank == arg(1)? as usize).then_some(arg(2)?) } else { None };
+    let comm = connect(fault)?;
     let result = match scenario {
-        "closed-form" => closed_form(&connect(None)?),
-        "errors" => errors(&connect(None)?),
-        "kill" => {
-            let (victim, bytes, mib) = (arg(1)? as usize, arg(2)?, arg(3)? as usize);
-            let comm = connect((rank == victim).then_some(bytes))?;
-            kill(&comm, mib)
-        }
+        "closed-form" => closed_form(&comm),
+        "errors" => errors(&comm),
+        "kill" => kill(&comm, arg(3)? as usize),
         "stall" => {
             let victim = arg(1)? as usize;
-            let comm = connect(None)?;
             if rank == victim {
                 // Connected, but never joins the op: blocks until the parent closes stdin.
                 std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())?;
@@ -468,22 +470,14 @@ fn run() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
                 })
             }
         }
-        "fusion" => fusion(&connect(None)?),
-        "sum-rank" => {
-            let comm = connect(None)?;
+        "fusion" => fusion(&comm),
+        _ => {
             let mut v = [comm.rank() as i64];
             comm.all_reduce("sum-rank", &[1], i64::tensor_mut(&mut v), ReduceOptions::sum())?;
             serde_json::json!({ "sum": v[0] })
         }
-        other => {
-            return Err(
-                format!("unknown scenario {other:?}: closed-form, errors, kill, fusion, sum-rank").into()
-            );
-        }
     };
-    Ok(
-        serde_json::json!({ "rank": rank, "transport": std::env::var("DROVE_COMM_TRANSPORT").unwrap_or_else(|_| "auto".into()), "result": result }),
-    )
+    Ok(serde_json::json!({ "rank": rank, "transport": comm.transport(), "result": result }))
 }
 
 fn main() -> ExitCode {

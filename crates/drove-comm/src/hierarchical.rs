@@ -1,0 +1,99 @@
+//! The hierarchical all-reduce (Horovod's `HOROVOD_HIERARCHICAL_ALLREDUCE`,
+//! NCCL's tree across nodes): when some ranks share a host and others do not,
+//! each host reduces its ranks' tensors into its leader (its lowest rank) over
+//! shared memory, the leaders run the TCP ring among themselves, and each
+//! leader copies the result to its host's ranks over shared memory. Only one
+//! rank per host touches the network, and it sends the host's sum once
+//! instead of every rank sending its own.
+//!
+//! Every rank ends with the leaders' ring result, so all ranks agree bit for
+//! bit; against the flat ring, integer results are equal and floating-point
+//! ones differ only by the order of the additions (see the README).
+//!
+//! A leader that fails in the ring (a host cut off, a rank lost) records its
+//! error in its host's region, and the ranks waiting for it there fail at once
+//! with the same ranks named.
+
+use crate::dtype::finish;
+use crate::engine::{Deliver, Engine, Reduction, Ring, Staged};
+use crate::error::CommError;
+use crate::mesh::Clock;
+use crate::shm::Shm;
+
+/// This rank's host in a hierarchical world.
+pub(crate) struct HostGroup {
+    /// The host's region (none when this rank is alone on its host).
+    shm: Option<Shm>,
+    /// The leaders of every host (their lowest ranks), in host order.
+    leaders: Vec<usize>,
+    /// The host's ranks, this one among them, in rank order.
+    ranks: Vec<usize>,
+}
+
+impl HostGroup {
+    /// `ranks` (this host's, in order; the first leads) sharing `shm`, among
+    /// the hosts led by `leaders`.
+    pub fn new(shm: Option<Shm>, ranks: Vec<usize>, leaders: Vec<usize>) -> HostGroup {
+        assert!(ranks.len() < 2 || shm.is_some(), "a host of several ranks shares a region");
+        HostGroup { shm, leaders, ranks }
+    }
+
+    fn leader(&self) -> usize {
+        self.ranks[0]
+    }
+}
+
+impl Engine {
+    /// All-reduce in three steps: to this host's leader, among the leaders,
+    /// back to this host's ranks.
+    pub(crate) fn hierarchical_all_reduce(
+        &mut self,
+        buf: &mut [u8],
+        red: Reduction,
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
+        let (rank, world) = (self.rank(), self.world());
+        let mut group = self.hosts.take().expect("a hierarchical world");
+        let result = self.hierarchical_steps(&mut group, rank, world, buf, red, clock);
+        self.hosts = Some(group);
+        result
+    }
+
+    fn hierarchical_steps(
+        &mut self,
+        group: &mut HostGroup,
+        rank: usize,
+        world: usize,
+        buf: &mut [u8],
+        red: Reduction,
+        clock: &mut Clock,
+    ) -> Result<(), CommError> {
+        let leader = group.leader();
+        if let Some(shm) = group.shm.as_mut() {
+            let mut staged =
+                Staged { shm, round: &mut self.shm_round, mesh: &self.mesh, fault: &mut self.fault };
+            staged.reduce(buf, red, Deliver::Slot(0), None, clock)?;
+        }
+        if rank == leader {
+            let between = if group.leaders.len() > 1 {
+                let ring = Ring::of(group.leaders.clone(), rank);
+                self.ring_all_reduce(&ring, buf, red, world, clock)
+            } else {
+                finish(red.dtype, red.op, world, red.postscale, buf);
+                Ok(())
+            };
+            if let Err(e) = between {
+                if let Some(shm) = group.shm.as_ref() {
+                    shm.abort(&e);
+                }
+                return Err(e);
+            }
+        }
+        if let Some(shm) = group.shm.as_mut() {
+            let mut staged =
+                Staged { shm, round: &mut self.shm_round, mesh: &self.mesh, fault: &mut self.fault };
+            staged.broadcast(buf, 0, clock)?;
+        }
+        Ok(())
+    }
+}
