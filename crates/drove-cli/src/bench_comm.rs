@@ -70,28 +70,7 @@ fn iters(s: &str) -> Result<usize, String> {
 
 /// Parses `1KiB,64MiB,...`.
 fn sizes(s: &str) -> Result<Sizes, String> {
-    s.split(',')
-        .map(|part| {
-            let part = part.trim();
-            let digits = part.find(|c: char| !c.is_ascii_digit()).unwrap_or(part.len());
-            let (num, unit) = part.split_at(digits);
-            let n: usize =
-                num.parse().map_err(|_| format!("size {part:?} must start with a whole number"))?;
-            let mult = match unit {
-                "" | "B" => 1,
-                "KiB" | "K" | "KB" => 1 << 10,
-                "MiB" | "M" | "MB" => 1 << 20,
-                "GiB" | "G" | "GB" => 1 << 30,
-                other => return Err(format!("size {part:?}: unknown unit {other:?} (B, KiB, MiB or GiB)")),
-            };
-            let bytes = n * mult;
-            if bytes < 4 {
-                return Err(format!("size {part:?} is below one f32 element"));
-            }
-            Ok(bytes)
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Sizes)
+    s.split(',').map(crate::parse::bytes).collect::<Result<Vec<_>, _>>().map(Sizes)
 }
 
 fn human(bytes: usize) -> String {

@@ -4,7 +4,9 @@
 //! serves the coordinator where the launcher names a place for it),
 //! all-reduces its rank, and prints `rank R of N: sum of ranks = S`; with
 //! `--json`, also which launcher placed it, where the coordinator came from,
-//! and the run id.
+//! and the run id. With `--size SIZE` it also all-reduces tensors of that size
+//! whose sums have a closed form and checks every element, `--iterations`
+//! times (`check_payload.rs`), reporting the transport that carried them.
 //!
 //! `--fail-with CODE --rank-to-fail R` makes rank R fail the way a rank that
 //! crashes during start-up does: with a coordinator (`DROVE_COORDINATOR`), it
@@ -41,6 +43,16 @@ pub struct CheckArgs {
     /// First print `pid PID` (lets a test check that no rank outlives its launcher).
     #[arg(long)]
     print_pid: bool,
+    /// Also all-reduce an i64 and an f32 tensor of this size (B, KiB, MiB,
+    /// GiB) and check every element: integers exact, floats within the
+    /// reordering bound.
+    #[arg(long, value_name = "SIZE", value_parser = crate::parse::bytes)]
+    size: Option<usize>,
+    /// How many times to all-reduce and check the --size tensors; each
+    /// checked one is reported on stderr.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "size",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    iterations: u32,
 }
 
 fn fail(code: u8, rank: usize) -> ExitCode {
@@ -91,17 +103,19 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         .all_reduce("drove.check.ranks", &[1], i64::tensor_mut(&mut sum), ReduceOptions::sum())
         .context("all-reducing the ranks");
     let expected = (world * world.saturating_sub(1) / 2) as i64;
-    let outcome = summed.and_then(|()| {
-        if sum[0] == expected {
-            Ok(())
-        } else {
-            Err(anyhow::anyhow!("the all-reduce of the ranks gave {}, expected {expected}", sum[0]))
-        }
-    });
+    let outcome = summed
+        .and_then(|()| {
+            if sum[0] == expected {
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!("the all-reduce of the ranks gave {}, expected {expected}", sum[0]))
+            }
+        })
+        .and_then(|()| check_payloads(comm.as_ref(), args));
     drop(comm);
     let error = outcome.as_ref().err().map(|e| format!("{e:#}"));
     launch.finish(rank, error.as_deref(), served);
-    outcome?;
+    let checked = outcome?;
     if args.json {
         let report = json!({
             "rank": rank,
@@ -111,10 +125,46 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             "launcher": launch.launcher.map(|l| l.as_str()),
             "coordinator": launch.coordinator_source.map(|s| s.as_str()),
             "run_id": launch.run_id,
+            "size": args.size,
+            "iterations": args.size.map(|_| args.iterations),
+            "float_error_eps": checked.as_ref().map(|c| c.float_error_eps),
+            "int_digest": checked.as_ref().map(|c| c.int_digest.clone()),
+            "float_digest": checked.as_ref().map(|c| c.float_digest.clone()),
         });
         println!("{report}");
     } else {
         println!("rank {rank} of {world}: sum of ranks = {}", sum[0]);
+        if let (Some(size), Some(c)) = (args.size, &checked) {
+            println!(
+                "rank {rank}: {size} bytes all-reduced {} time(s) over {transport}: integers exact, \
+                 floats within {:.2} eps (bound {})",
+                args.iterations,
+                c.float_error_eps,
+                world - 1
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// With `--size`: all-reduces and checks the closed-form tensors
+/// `--iterations` times; the last check's figures (all equal, or one failed).
+fn check_payloads(
+    comm: &dyn drove_comm::Collective,
+    args: &CheckArgs,
+) -> anyhow::Result<Option<crate::check_payload::Checked>> {
+    let Some(size) = args.size else { return Ok(None) };
+    let rank = comm.rank();
+    let mut last = None;
+    let mut next = crate::check_payload::Payload::new(rank, size);
+    for k in 1..=args.iterations {
+        let checked = next
+            .all_reduce_and_check(comm)
+            .with_context(|| format!("checking all-reduce {k} of {}", args.iterations))?;
+        // Built before the line, so that the next op starts as it is written.
+        next = crate::check_payload::Payload::new(rank, size);
+        eprintln!("rank {rank}: all-reduce {k}/{} checked", args.iterations);
+        last = Some(checked);
+    }
+    Ok(last)
 }

@@ -33,6 +33,7 @@ mod bench;
 mod bench_comm;
 mod bench_coord;
 mod check;
+mod check_payload;
 mod control;
 mod diag;
 mod gpu;
@@ -230,6 +231,27 @@ mod parse {
     /// A duration in seconds: finite and not negative.
     pub fn seconds(s: &str) -> Result<f64, String> {
         drove_ner::flags::finite_at_least(s, 0.0, "seconds")
+    }
+
+    /// A byte size: a whole number with B, KiB, MiB or GiB (or none: bytes),
+    /// at least one f32 element.
+    pub fn bytes(part: &str) -> Result<usize, String> {
+        let part = part.trim();
+        let digits = part.find(|c: char| !c.is_ascii_digit()).unwrap_or(part.len());
+        let (num, unit) = part.split_at(digits);
+        let n: usize = num.parse().map_err(|_| format!("size {part:?} must start with a whole number"))?;
+        let mult: usize = match unit {
+            "" | "B" => 1,
+            "KiB" | "K" | "KB" => 1 << 10,
+            "MiB" | "M" | "MB" => 1 << 20,
+            "GiB" | "G" | "GB" => 1 << 30,
+            other => return Err(format!("size {part:?}: unknown unit {other:?} (B, KiB, MiB or GiB)")),
+        };
+        let bytes = n.checked_mul(mult).ok_or_else(|| format!("size {part:?} is too large"))?;
+        if bytes < 4 {
+            return Err(format!("size {part:?} is below one f32 element"));
+        }
+        Ok(bytes)
     }
 
     /// A timeout in seconds: finite and above 0.

@@ -15,6 +15,12 @@
 //!
 //! In an elastic run (`--world 2:3`) the same cut costs the others one step:
 //! they re-form without the cut-off member at the deadline and finish.
+//!
+//! Two namespaces of two ranks each are two hosts (a host is a kernel and a
+//! network namespace): `drove check --size` all-reduces closed-form tensors
+//! hierarchically (shared memory within a namespace, the ring between them)
+//! and over the flat ring, and both must check out, the integers bit for bit
+//! alike; a mismatch and a namespace cut off mid-op are named on the others.
 
 mod common;
 
@@ -347,4 +353,163 @@ fn an_elastic_member_whose_namespace_is_cut_off_is_lost_and_the_others_finish() 
     assert_each_once(&applied, ELASTIC_SENTENCES);
     let reformed = logs[..2].concat().into_iter().find(|l| l.contains("generation 2: rank 0 of 2"));
     assert!(reformed.is_some(), "rank 0 of the new world says it re-formed:\n{logs:#?}");
+}
+
+/// Rank `rank` of 4 on two hosts: ranks 0 and 1 in namespace 1, 2 and 3 in
+/// namespace 2 (the coordinator is in namespace 0); `transport` as
+/// `DROVE_COMM_TRANSPORT` says.
+fn two_by_two(
+    net: &Net,
+    coordinator: &str,
+    run_id: &str,
+    transport: &str,
+    rank: usize,
+    args: &[&str],
+) -> Command {
+    let mut cmd = net.exec(1 + rank / 2, Path::new(DROVE));
+    cmd.args(args)
+        .env("DROVE_COORDINATOR", coordinator)
+        .env("DROVE_RUN_ID", run_id)
+        .env("DROVE_WORLD_SIZE", "4")
+        .env("DROVE_RANK", rank.to_string())
+        .env("DROVE_COMM_TRANSPORT", transport)
+        .env_remove("DROVE_HOST_ID")
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Each rank's `drove check --json` report, all asserted successful.
+fn reports(outs: &[Output]) -> Vec<serde_json::Value> {
+    outs.iter()
+        .enumerate()
+        .map(|(r, out)| {
+            assert!(out.status.success(), "rank {r}: {}", text(out));
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("rank {r}: {e}: {}", text(out)))
+        })
+        .collect()
+}
+
+#[test]
+fn two_hosts_of_two_ranks_all_reduce_hierarchically_to_the_flat_rings_results() {
+    let _one = serial();
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let net = Net::new(3).expect("building the namespaces");
+    let dir = tempfile::tempdir().unwrap();
+    let mut reaper = Reaper(Vec::new());
+    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+    // 750,001 floats and 375,000 integers: segments of unequal lengths.
+    let args = ["check", "--json", "--size", "3000004"];
+    let run = |transport: &str| {
+        let cmds =
+            (0..4).map(|r| two_by_two(&net, &coord, &format!("check-{transport}"), transport, r, &args));
+        reports(&all(cmds.collect()))
+    };
+    let (hier, flat) = (run("auto"), run("tcp"));
+    for (name, world, transport) in [("hierarchical", &hier, "hierarchical"), ("flat", &flat, "tcp")] {
+        for (r, report) in world.iter().enumerate() {
+            assert_eq!(report["transport"], transport, "{name} rank {r}: {report}");
+            assert_eq!(report["sum"], 6, "{name} rank {r}: {report}");
+            assert!(report["float_error_eps"].as_f64().unwrap() <= 3.0, "{name} rank {r}: {report}");
+            for digest in ["int_digest", "float_digest"] {
+                assert_eq!(
+                    report[digest], world[0][digest],
+                    "{name}: rank {r} differs from rank 0: {report}"
+                );
+            }
+        }
+    }
+    assert_eq!(hier[0]["int_digest"], flat[0]["int_digest"], "integer sums differ:\n{hier:?}\n{flat:?}");
+    eprintln!(
+        "floats: hierarchical {} eps, flat {} eps, digests {} and {}",
+        hier[0]["float_error_eps"],
+        flat[0]["float_error_eps"],
+        hier[0]["float_digest"],
+        flat[0]["float_digest"]
+    );
+}
+
+#[test]
+fn across_two_hosts_a_mismatch_is_named_on_every_rank_and_a_host_cut_off_mid_op_within_the_deadline() {
+    let _one = serial();
+    if let Some(why) = unsupported() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    const TIMEOUT_S: u64 = 6;
+    let net = Net::new(3).expect("building the namespaces");
+    let dir = tempfile::tempdir().unwrap();
+    let mut reaper = Reaper(Vec::new());
+    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+
+    // Rank 3 was started with another size: every rank names it.
+    let outs = all((0..4)
+        .map(|r| {
+            let size = if r == 3 { "2MiB" } else { "1MiB" };
+            two_by_two(&net, &coord, "mismatch", "auto", r, &["check", "--size", size])
+        })
+        .collect());
+    for (r, out) in outs.iter().enumerate() {
+        assert!(!out.status.success(), "rank {r} succeeded: {}", text(out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("ranks disagree on shape")
+                && err.contains("on rank 3")
+                && err.contains("on ranks [0, 1, 2]"),
+            "rank {r}: {err}"
+        );
+    }
+
+    // Namespace 2 (ranks 2 and 3) goes down in the middle of the ops.
+    let (tx, lines) = mpsc::channel();
+    let mut children: Vec<_> = (0..4)
+        .map(|r| {
+            let mut cmd = two_by_two(
+                &net,
+                &coord,
+                "cut",
+                "auto",
+                r,
+                &["check", "--size", "16MiB", "--iterations", "100000"],
+            );
+            cmd.env("DROVE_COMM_TIMEOUT", TIMEOUT_S.to_string()).env("DROVE_COMM_WARN_AFTER", "3");
+            start(cmd, r, &mut reaper, tx.clone())
+        })
+        .collect();
+    drop(tx);
+    let mut logs: Vec<Vec<String>> = vec![Vec::new(); 4];
+    // Every rank has checked its second all-reduce: the third's data is moving.
+    let mut second = [false; 4];
+    while !second.iter().all(|&s| s) {
+        let (r, line) =
+            lines.recv_timeout(Duration::from_secs(120)).expect("no second all-reduce within 120 s");
+        second[r] |= line.contains("all-reduce 2/");
+        logs[r].push(line);
+    }
+    net.cut(2).expect("setting namespace 2's link down");
+    let cut = std::time::Instant::now();
+    for r in [0, 1] {
+        let status = children[r].wait().expect("waiting for a rank");
+        while let Ok((from, line)) = lines.recv_timeout(Duration::from_millis(100)) {
+            logs[from].push(line);
+        }
+        assert!(!status.success(), "rank {r} succeeded after the cut:\n{}", logs[r].join("\n"));
+        let error = logs[r].iter().find(|l| l.starts_with("error:"));
+        let error = error.unwrap_or_else(|| panic!("rank {r} printed no error:\n{}", logs[r].join("\n")));
+        eprintln!("rank {r} after {:.1?}: {error}", cut.elapsed());
+        // Cut during the description round, every rank waits for both; during
+        // the data, rank 0 for host 2's leader and rank 1 hears it from rank 0.
+        let named = first_named(error).unwrap_or_default();
+        assert!(
+            !named.is_empty() && named.iter().all(|n| [2, 3].contains(n)),
+            "rank {r} does not name the cut-off host's ranks 2 and 3 first: {error}"
+        );
+    }
+    let took = cut.elapsed();
+    assert!(took < Duration::from_secs(TIMEOUT_S + 10), "ranks 0 and 1 took {took:.1?} after the cut");
+    for child in &mut children[2..] {
+        let _ = child.kill();
+    }
 }

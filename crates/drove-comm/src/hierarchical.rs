@@ -12,13 +12,21 @@
 //!
 //! A leader that fails in the ring (a host cut off, a rank lost) records its
 //! error in its host's region, and the ranks waiting for it there fail at once
-//! with the same ranks named.
+//! with the same ranks named. They wait for it [`LEADER_GRACE`] past the
+//! op's deadline: the leader gives up on the network at the deadline, and its
+//! error, naming the ranks between hosts, is the one to report; a leader
+//! that is itself stuck is named when the grace has passed too.
+
+use std::time::Duration;
 
 use crate::dtype::finish;
 use crate::engine::{Deliver, Engine, Reduction, Ring, Staged};
 use crate::error::CommError;
 use crate::mesh::Clock;
 use crate::shm::Shm;
+
+/// How long past the op's deadline a rank waits for its host's leader.
+pub(crate) const LEADER_GRACE: Duration = Duration::from_secs(2);
 
 /// This rank's host in a hierarchical world.
 pub(crate) struct HostGroup {
@@ -90,9 +98,13 @@ impl Engine {
             }
         }
         if let Some(shm) = group.shm.as_mut() {
+            let mut waiting = clock.clone();
+            if rank != leader {
+                waiting.timeout += LEADER_GRACE;
+            }
             let mut staged =
                 Staged { shm, round: &mut self.shm_round, mesh: &self.mesh, fault: &mut self.fault };
-            staged.broadcast(buf, 0, clock)?;
+            staged.broadcast(buf, 0, &mut waiting)?;
         }
         Ok(())
     }

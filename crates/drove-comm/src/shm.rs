@@ -255,3 +255,29 @@ fn futex_wake(word: &AtomicU32) {
         libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_abort_recorded_by_one_rank_is_read_by_the_others_with_its_ranks() {
+        let path = format!("/dev/shm/drove-test-abort-{}", std::process::id());
+        let leader = Shm::open(&path, true, 0, vec![4, 5], 4096).expect("creating a region");
+        let member = Shm::open(&path, false, 1, vec![4, 5], 4096).expect("opening it");
+        let _ = std::fs::remove_file(&path);
+        assert!(member.aborted("op").is_none());
+        let cause =
+            CommError::PeerLost { op: "all_reduce \"g\"".into(), ranks: vec![2, 3], detail: "cut".into() };
+        leader.abort(&cause);
+        leader.abort(&CommError::Broken { cause: "a later failure".into() });
+        match member.aborted("all_reduce \"g\"") {
+            Some(CommError::PeerLost { op, ranks, detail }) => {
+                assert_eq!(op, "all_reduce \"g\"");
+                assert_eq!(ranks, vec![2, 3]);
+                assert!(detail.contains("lost rank(s) [2, 3]: cut"), "{detail}");
+            }
+            other => panic!("expected the leader's loss, got {other:?}"),
+        }
+    }
+}
