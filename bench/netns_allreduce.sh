@@ -16,6 +16,12 @@
 # Everything made is removed on exit. Needs root, iproute2, python3 (venv at
 # target/bench-venv from bench/netns-requirements.txt, made or reused here).
 #
+# RANKS_PER_HOST=K (default 1) puts K consecutive ranks in each namespace
+# (rank r in namespace 1 + r/K): K > 1 makes hosts that several ranks share,
+# and drove then runs twice per round, "drove" (DROVE_COMM_TRANSPORT=auto: the
+# hierarchical all-reduce) and "drove-flat" (tcp: the flat ring over every
+# rank), beside gloo; the summary adds hierarchical/flat and flat/gloo ratios.
+#
 # Each round also measures one plain TCP stream from rank 0's namespace to rank
 # 1's (bench/tcp_stream.py, STREAM_BYTES, default 1 GiB): the most one
 # connection moves there, so each busbw reads as a fraction of it.
@@ -32,10 +38,11 @@ rounds="${1:-1}"
 sizes="${SIZES:-1KiB,64KiB,1MiB,16MiB,64MiB,256MiB}"
 nps="${NPS:-2 3}"
 iters="${ITERS:-10}"
+per_host="${RANKS_PER_HOST:-1}"
 # The command as given, for the summary.
 cmd="bash bench/netns_allreduce.sh${1:+ $1}"
 stream_bytes="${STREAM_BYTES:-1073741824}"
-for v in SIZES NPS ITERS PROFILE STREAM_BYTES DROVE_BIN; do
+for v in SIZES NPS ITERS PROFILE STREAM_BYTES DROVE_BIN RANKS_PER_HOST; do
     [ -n "${!v:-}" ] && cmd="$v=${!v} $cmd"
 done
 limit=600
@@ -70,7 +77,10 @@ fi
 # Names: "dvb" + 5 digits + role + index <= 15 characters.
 tag="dvb$(printf %05d $(($$ % 100000)))"
 subnet="10.250.7"
-spaces=$((max_np + 1))
+spaces=$(((max_np + per_host - 1) / per_host + 1))
+last=$((spaces - 1))
+# The stream runs between the first two namespaces of ranks.
+[ "$spaces" -ge 3 ] || { log "the stream needs two namespaces of ranks: fewer ranks per host"; exit 1; }
 made=0
 pids=()
 work=""
@@ -129,16 +139,16 @@ for _ in $(seq 600); do
     sleep 0.1
 done
 grep -q "listening on" "$work/coordinator.out" || { log "the coordinator did not listen within 60 s"; exit 1; }
-# Across the bridge: the last rank's namespace reaches the coordinator.
+# Across the bridge: the last namespace reaches the coordinator.
 reach=0
 for _ in $(seq 50); do
-    if timeout 2 ip netns exec "${tag}n$max_np" bash -c "exec 3<>/dev/tcp/$subnet.10/50051" 2>/dev/null; then
+    if timeout 2 ip netns exec "${tag}n$last" bash -c "exec 3<>/dev/tcp/$subnet.10/50051" 2>/dev/null; then
         reach=1
         break
     fi
     sleep 0.2
 done
-[ "$reach" = 1 ] || { log "namespace $max_np cannot reach $coord_addr"; exit 1; }
+[ "$reach" = 1 ] || { log "namespace $last cannot reach $coord_addr"; exit 1; }
 
 # Waits for the given ranks' pids; fails (after all) naming each rank that failed.
 wait_all() {
@@ -158,25 +168,29 @@ wait_all() {
 results="$work/results.jsonl"
 : >"$results"
 
-# One implementation's N ranks, one per namespace; rank 0's rows appended to $results.
+# One implementation's N ranks, RANKS_PER_HOST per namespace; rank 0's rows appended to $results.
 run_ranks() {
-    local impl="$1" n="$2" round="$3" load t0 t1 r
+    local impl="$1" n="$2" round="$3" load t0 t1 r space transport
     local ranks=()
     log "round $round, $n ranks: $impl"
     load="$(cut -d' ' -f1 /proc/loadavg)"
     t0="$(date +%s.%N)"
     for ((r = 0; r < n; r++)); do
-        if [ "$impl" = drove ]; then
-            timeout "$limit" ip netns exec "${tag}n$((1 + r))" env \
-                DROVE_COORDINATOR="http://$coord_addr" DROVE_RUN_ID="dvb-$$-r$round-np$n" \
-                DROVE_WORLD_SIZE="$n" DROVE_RANK="$r" DROVE_COMM_TRANSPORT=tcp \
+        space=$((1 + r / per_host))
+        if [ "$impl" != gloo ]; then
+            # One rank per namespace: the ring either way; several: hierarchical unless flat.
+            transport=tcp
+            [ "$impl" = drove ] && [ "$per_host" -gt 1 ] && transport=auto
+            timeout "$limit" ip netns exec "${tag}n$space" env \
+                DROVE_COORDINATOR="http://$coord_addr" DROVE_RUN_ID="dvb-$$-r$round-np$n-$impl" \
+                DROVE_WORLD_SIZE="$n" DROVE_RANK="$r" DROVE_COMM_TRANSPORT="$transport" \
                 RAYON_NUM_THREADS=1 RUST_LOG=warn \
                 "$drove" bench allreduce-worker --sizes "$bytes_list" --op sum --iters "$iters" \
                 ${PROFILE:+--profile} \
                 >"$work/$impl.$r.out" 2>"$work/$impl.$r.err" &
         else
-            timeout "$limit" ip netns exec "${tag}n$((1 + r))" env \
-                GLOO_SOCKET_IFNAME="${tag}c$((1 + r))" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+            timeout "$limit" ip netns exec "${tag}n$space" env \
+                GLOO_SOCKET_IFNAME="${tag}c$space" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
                 "$venv/bin/python" bench/gloo_allreduce.py --rank "$r" --world-size "$n" \
                 --master "$subnet.11:$((29500 + round * 10 + n))" --sizes "$bytes_list" \
                 --iters "$iters" --timeout "$limit" \
@@ -220,6 +234,7 @@ for ((round = 1; round <= rounds; round++)); do
     for n in $nps; do
         # Odd rounds drove first, even rounds gloo first.
         if ((round % 2)); then order="drove gloo"; else order="gloo drove"; fi
+        [ "$per_host" -gt 1 ] && if ((round % 2)); then order="drove drove-flat gloo"; else order="gloo drove-flat drove"; fi
         for impl in $order; do run_ranks "$impl" "$n" "$round"; done
     done
 done
@@ -227,9 +242,10 @@ finished="$(date +%s)"
 
 # The summary, with the machine.
 torch_version="$("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
-python3 - "$results" "$cmd" "$sizes" "$torch_version" "$binary_from" "$((finished - started))" "$rounds" "$streams" <<'PY'
+python3 - "$results" "$cmd" "$sizes" "$torch_version" "$binary_from" "$((finished - started))" "$rounds" "$streams" "$per_host" <<'PY'
 import json, os, platform, statistics, sys, time
-path, command, sizes, torch_version, binary_from, wall, rounds, streams_path = sys.argv[1:]
+path, command, sizes, torch_version, binary_from, wall, rounds, streams_path, per_host = sys.argv[1:]
+per_host = int(per_host)
 rows = [json.loads(l) for l in open(path) if l.strip()]
 streams = [json.loads(l)["gbps"] for l in open(streams_path) if l.strip()]
 stream = statistics.median(streams)
@@ -249,7 +265,8 @@ out = {
         "torch": torch_version,
         "drove": binary_from,
     },
-    "network": "one netns per rank + one for the coordinator, veth pairs on one bridge, 10.250.7.0/24",
+    "network": f"one netns per {per_host} rank(s) + one for the coordinator, veth pairs on one bridge, 10.250.7.0/24",
+    "ranks_per_host": per_host,
     "wall_s": int(wall),
     # One plain TCP stream between two of the namespaces, GB/s: what one connection can do.
     "stream_gbps": stream,
@@ -283,6 +300,19 @@ for n in sorted({r["np"] for r in rows}):
             "per_round_drove_us": [r["median_us"] for r in d],
             "per_round_gloo_us": [r["median_us"] for r in g],
         })
+        f = pick("drove-flat")
+        if f:
+            fb = statistics.median(r["busbw_gbps"] for r in f)
+            table[-1].update({
+                "flat_median_us": statistics.median(r["median_us"] for r in f),
+                "flat_busbw_gbps": fb,
+                # drove here is the hierarchical all-reduce; per round, then the median.
+                "busbw_hierarchical_over_flat": statistics.median(
+                    x["busbw_gbps"] / y["busbw_gbps"] for x, y in zip(by_round(d), by_round(f))),
+                "busbw_flat_over_gloo": statistics.median(
+                    x["busbw_gbps"] / y["busbw_gbps"] for x, y in zip(by_round(f), by_round(g))),
+                "flat_busbw_over_stream": fb / stream,
+            })
         if any(r.get("profile") for r in d):
             table[-1]["drove_profile_per_round"] = [r.get("profile") for r in by_round(d)]
     bcast = [{k: r[k] for k in ("round", "size", "median_us", "busbw_gbps")}

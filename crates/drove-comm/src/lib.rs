@@ -12,7 +12,11 @@
 //! staged, reduced by their owner and copied back, double-buffered) which is
 //! what beats a socket-based ring on one machine; across hosts it runs a ring
 //! reduce-scatter + all-gather over TCP whose sends, receives and reductions
-//! overlap. Two decisions shape it:
+//! overlap; and where some ranks share a host and others do not, the
+//! all-reduce is hierarchical: shared memory within each host, the ring among
+//! one leader per host. A host is a kernel and a network namespace
+//! (`DROVE_HOST_ID` overrides it); [`Transport`] forces a choice. Two
+//! decisions shape it:
 //!
 //! - **Agreement before data.** Every op starts with every rank sending its
 //!   description (name, dtype, shape, op, scale factors, root) to every other. All
