@@ -3,9 +3,10 @@
 //! with names unique to the run and removed even when it fails (Linux, root;
 //! skipped with a printed reason elsewhere).
 //!
-//! The namespaces share one kernel, so drove's same-host check by boot id would
-//! rightly pick shared memory; the ranks are told `DROVE_COMM_TRANSPORT=tcp`, and
-//! the test asserts that the TCP ring ran.
+//! The namespaces share one kernel; a host is a kernel and a network namespace,
+//! so each namespace counts as a host and one rank per namespace runs the TCP
+//! ring (the ranks are also told `DROVE_COMM_TRANSPORT=tcp`, and the test
+//! asserts that the ring ran).
 //!
 //! A namespace's link set down mid-run: no connection closes, so the others
 //! learn of it only at the deadline; the ring neighbour that has bytes stuck on
@@ -81,6 +82,33 @@ fn coordinator(net: &Net, store: &Path, reaper: &mut Reaper) -> String {
     format!("http://{addr}")
 }
 
+/// What every test here starts from, one test at a time: the namespaces, a
+/// folder, the processes to reap, and a coordinator in namespace 0. Dropped
+/// in that order: processes killed, folder removed, namespaces deleted.
+struct Hosts {
+    reaper: Reaper,
+    dir: tempfile::TempDir,
+    net: Net,
+    coord: String,
+    _one: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Hosts {
+    /// `spaces` namespaces; `None`, the reason printed, where they cannot be made.
+    fn new(spaces: usize) -> Option<Hosts> {
+        let one = serial();
+        if let Some(why) = unsupported() {
+            eprintln!("skipped: {why}");
+            return None;
+        }
+        let net = Net::new(spaces).expect("building the namespaces");
+        let dir = tempfile::tempdir().unwrap();
+        let mut reaper = Reaper(Vec::new());
+        let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+        Some(Hosts { reaper, dir, net, coord, _one: one })
+    }
+}
+
 /// A rank in namespace `1 + rank`, asking the coordinator for `rank`.
 fn rank(net: &Net, coordinator: &str, run_id: &str, world: usize, rank: usize, args: &[&str]) -> Command {
     let mut cmd = net.exec(1 + rank, Path::new(DROVE));
@@ -120,17 +148,9 @@ fn train_args(out: &Path, assets: &Path, epochs: usize) -> Vec<String> {
 
 #[test]
 fn three_ranks_in_their_own_namespaces_sum_over_the_tcp_ring_and_train_as_on_loopback() {
-    let _one = serial();
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let net = Net::new(4).expect("building the namespaces");
-    let dir = tempfile::tempdir().unwrap();
-    let mut reaper = Reaper(Vec::new());
-    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+    let Some(h) = Hosts::new(4) else { return };
 
-    let outs = all((0..3).map(|r| rank(&net, &coord, "check", 3, r, &["check", "--json"])).collect());
+    let outs = all((0..3).map(|r| rank(&h.net, &h.coord, "check", 3, r, &["check", "--json"])).collect());
     for (r, out) in outs.iter().enumerate() {
         assert!(out.status.success(), "rank {r}: {}", text(out));
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
@@ -140,10 +160,10 @@ fn three_ranks_in_their_own_namespaces_sum_over_the_tcp_ring_and_train_as_on_loo
     }
 
     let assets = assets().clone();
-    let (hosts, loopback) = (dir.path().join("hosts"), dir.path().join("loopback"));
+    let (hosts, loopback) = (h.dir.path().join("hosts"), h.dir.path().join("loopback"));
     let args = train_args(&hosts, &assets, 2);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let outs = all((0..3).map(|r| rank(&net, &coord, "train", 3, r, &args)).collect());
+    let outs = all((0..3).map(|r| rank(&h.net, &h.coord, "train", 3, r, &args)).collect());
     for (r, out) in outs.iter().enumerate() {
         assert!(out.status.success(), "rank {r}: {}", text(out));
     }
@@ -197,27 +217,19 @@ fn first_named(error: &str) -> Option<Vec<usize>> {
 
 #[test]
 fn a_namespace_cut_off_mid_run_is_named_by_the_others_within_the_deadline() {
-    let _one = serial();
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
-        return;
-    }
     const TIMEOUT_S: u64 = 10;
-    let net = Net::new(4).expect("building the namespaces");
-    let dir = tempfile::tempdir().unwrap();
-    let mut reaper = Reaper(Vec::new());
-    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+    let Some(mut h) = Hosts::new(4) else { return };
     let assets = assets().clone();
-    let mut args = train_args(&dir.path().join("out"), &assets, 200);
+    let mut args = train_args(&h.dir.path().join("out"), &assets, 200);
     args.extend(["--log-every", "1"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
 
     let (tx, lines) = mpsc::channel();
     let mut children: Vec<_> = (0..3)
         .map(|r| {
-            let mut cmd = rank(&net, &coord, "cut", 3, r, &args);
+            let mut cmd = rank(&h.net, &h.coord, "cut", 3, r, &args);
             cmd.env("DROVE_COMM_TIMEOUT", TIMEOUT_S.to_string()).env("DROVE_COMM_WARN_AFTER", "5");
-            start(cmd, r, &mut reaper, tx.clone())
+            start(cmd, r, &mut h.reaper, tx.clone())
         })
         .collect();
     drop(tx);
@@ -231,7 +243,7 @@ fn a_namespace_cut_off_mid_run_is_named_by_the_others_within_the_deadline() {
             break;
         }
     }
-    net.cut(3).expect("setting rank 2's link down");
+    h.net.cut(3).expect("setting rank 2's link down");
     let cut = std::time::Instant::now();
 
     // Every rank exits by itself, well within the deadline plus its teardown.
@@ -288,23 +300,15 @@ const ELASTIC_SENTENCES: usize = 600;
 
 #[test]
 fn an_elastic_member_whose_namespace_is_cut_off_is_lost_and_the_others_finish() {
-    let _one = serial();
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
-        return;
-    }
     const TIMEOUT_S: u64 = 5;
-    let net = Net::new(4).expect("building the namespaces");
-    let dir = tempfile::tempdir().unwrap();
-    let mut reaper = Reaper(Vec::new());
-    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+    let Some(mut h) = Hosts::new(4) else { return };
     let (tx, lines) = mpsc::channel();
     let mut members: Vec<_> = (0..3)
         .map(|m| {
-            let mut cmd = net.exec(1 + m, Path::new(DROVE));
-            cmd.args(tiny_training(dir.path(), ELASTIC_SENTENCES, &dir.path().join(format!("out-{m}"))))
+            let mut cmd = h.net.exec(1 + m, Path::new(DROVE));
+            cmd.args(tiny_training(h.dir.path(), ELASTIC_SENTENCES, &h.dir.path().join(format!("out-{m}"))))
                 .args(["--world", "2:3"])
-                .env("DROVE_COORDINATOR", &coord)
+                .env("DROVE_COORDINATOR", &h.coord)
                 .env("DROVE_RUN_ID", "cut-elastic")
                 .env("DROVE_MEMBER_ID", format!("m{m}"))
                 .env("DROVE_COMM_TRANSPORT", "tcp")
@@ -312,7 +316,7 @@ fn an_elastic_member_whose_namespace_is_cut_off_is_lost_and_the_others_finish() 
                 .env("DROVE_RENDEZVOUS_TIMEOUT_SECS", "30")
                 .env("RAYON_NUM_THREADS", "1")
                 .env("RUST_LOG", "warn");
-            start(cmd, m, &mut reaper, tx.clone())
+            start(cmd, m, &mut h.reaper, tx.clone())
         })
         .collect();
     drop(tx);
@@ -325,7 +329,7 @@ fn an_elastic_member_whose_namespace_is_cut_off_is_lost_and_the_others_finish() 
             break;
         }
     }
-    net.cut(3).expect("setting member m2's link down");
+    h.net.cut(3).expect("setting member m2's link down");
     let cut = std::time::Instant::now();
 
     // m0 and m1 re-form without m2 at the deadline and finish the epoch.
@@ -348,7 +352,7 @@ fn an_elastic_member_whose_namespace_is_cut_off_is_lost_and_the_others_finish() 
         assert!(s.expect("exited").success(), "member m{m} failed after the cut:\n{}", logs[m].join("\n"));
     }
     let _ = members[2].kill();
-    let (worlds, applied) = traced(dir.path());
+    let (worlds, applied) = traced(h.dir.path());
     assert_eq!(worlds, [(1, 3), (2, 2)], "3 members, then 2 without the cut-off one:\n{logs:#?}");
     assert_each_once(&applied, ELASTIC_SENTENCES);
     let reformed = logs[..2].concat().into_iter().find(|l| l.contains("generation 2: rank 0 of 2"));
@@ -391,20 +395,12 @@ fn reports(outs: &[Output]) -> Vec<serde_json::Value> {
 
 #[test]
 fn two_hosts_of_two_ranks_all_reduce_hierarchically_to_the_flat_rings_results() {
-    let _one = serial();
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let net = Net::new(3).expect("building the namespaces");
-    let dir = tempfile::tempdir().unwrap();
-    let mut reaper = Reaper(Vec::new());
-    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+    let Some(h) = Hosts::new(3) else { return };
     // 750,001 floats and 375,000 integers: segments of unequal lengths.
     let args = ["check", "--json", "--size", "3000004"];
     let run = |transport: &str| {
         let cmds =
-            (0..4).map(|r| two_by_two(&net, &coord, &format!("check-{transport}"), transport, r, &args));
+            (0..4).map(|r| two_by_two(&h.net, &h.coord, &format!("check-{transport}"), transport, r, &args));
         reports(&all(cmds.collect()))
     };
     let (hier, flat) = (run("auto"), run("tcp"));
@@ -433,22 +429,14 @@ fn two_hosts_of_two_ranks_all_reduce_hierarchically_to_the_flat_rings_results() 
 
 #[test]
 fn across_two_hosts_a_mismatch_is_named_on_every_rank_and_a_host_cut_off_mid_op_within_the_deadline() {
-    let _one = serial();
-    if let Some(why) = unsupported() {
-        eprintln!("skipped: {why}");
-        return;
-    }
     const TIMEOUT_S: u64 = 6;
-    let net = Net::new(3).expect("building the namespaces");
-    let dir = tempfile::tempdir().unwrap();
-    let mut reaper = Reaper(Vec::new());
-    let coord = coordinator(&net, &dir.path().join("store"), &mut reaper);
+    let Some(mut h) = Hosts::new(3) else { return };
 
     // Rank 3 was started with another size: every rank names it.
     let outs = all((0..4)
         .map(|r| {
             let size = if r == 3 { "2MiB" } else { "1MiB" };
-            two_by_two(&net, &coord, "mismatch", "auto", r, &["check", "--size", size])
+            two_by_two(&h.net, &h.coord, "mismatch", "auto", r, &["check", "--size", size])
         })
         .collect());
     for (r, out) in outs.iter().enumerate() {
@@ -467,15 +455,15 @@ fn across_two_hosts_a_mismatch_is_named_on_every_rank_and_a_host_cut_off_mid_op_
     let mut children: Vec<_> = (0..4)
         .map(|r| {
             let mut cmd = two_by_two(
-                &net,
-                &coord,
+                &h.net,
+                &h.coord,
                 "cut",
                 "auto",
                 r,
                 &["check", "--size", "16MiB", "--iterations", "100000"],
             );
             cmd.env("DROVE_COMM_TIMEOUT", TIMEOUT_S.to_string()).env("DROVE_COMM_WARN_AFTER", "3");
-            start(cmd, r, &mut reaper, tx.clone())
+            start(cmd, r, &mut h.reaper, tx.clone())
         })
         .collect();
     drop(tx);
@@ -488,7 +476,7 @@ fn across_two_hosts_a_mismatch_is_named_on_every_rank_and_a_host_cut_off_mid_op_
         second[r] |= line.contains("all-reduce 2/");
         logs[r].push(line);
     }
-    net.cut(2).expect("setting namespace 2's link down");
+    h.net.cut(2).expect("setting namespace 2's link down");
     let cut = std::time::Instant::now();
     for r in [0, 1] {
         let status = children[r].wait().expect("waiting for a rank");

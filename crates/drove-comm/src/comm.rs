@@ -448,7 +448,7 @@ impl Communicator {
         let layout = crate::hosts::setup(&mut mesh, opts, deadline)?;
         let engine = Engine::new(mesh, layout, opts.timeout, opts.warn_after, opts.fault_kill_after_bytes);
         let transport = engine.transport();
-        tracing::debug!(rank, world, transport, "communicator connected");
+        tracing::info!(rank, world, "communicator connected: data moves over {transport}");
         let shared = Arc::new(Shared {
             place,
             transport,
