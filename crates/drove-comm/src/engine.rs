@@ -9,7 +9,7 @@ use crate::dtype::{Combine, DType, ReduceOp, combine_bytes, combine_many, finish
 use crate::error::CommError;
 use crate::hierarchical::HostGroup;
 use crate::hosts::Layout;
-use crate::mesh::{Clock, Mesh};
+use crate::mesh::{Clock, Inbox, MAX_READ, Mesh};
 use crate::profile::{ExchangeTimes, RingProfile};
 use crate::shm::Shm;
 
@@ -71,6 +71,55 @@ impl Ring {
 
     fn prev(&self) -> usize {
         self.members[(self.me + self.len() - 1) % self.len()]
+    }
+}
+
+/// The ring reduce-scatter's inbox: each read lands in a small buffer that
+/// stays in the cache and is combined into the destination at once (a
+/// partial element waits at the buffer's start for the rest), instead of
+/// the whole segment going through a scratch buffer in memory first.
+struct Reducing<'a> {
+    dst: &'a mut [u8],
+    bounce: &'a mut [u8],
+    /// Bytes of a partial element at the start of `bounce`.
+    pending: usize,
+    /// Bytes of `dst` combined so far.
+    done: usize,
+    red: Reduction,
+    timed: bool,
+    /// Time spent combining, when `timed`.
+    reduce: Duration,
+}
+
+impl<'a> Reducing<'a> {
+    fn new(dst: &'a mut [u8], bounce: &'a mut [u8], red: Reduction, timed: bool) -> Self {
+        Reducing { dst, bounce, pending: 0, done: 0, red, timed, reduce: Duration::ZERO }
+    }
+}
+
+impl Inbox for Reducing<'_> {
+    fn total(&self) -> usize {
+        self.dst.len()
+    }
+
+    fn space(&mut self, _got: usize, max: usize) -> &mut [u8] {
+        let room = max.min(self.bounce.len() - self.pending);
+        &mut self.bounce[self.pending..self.pending + room]
+    }
+
+    fn landed(&mut self, _got: usize, n: usize) {
+        let es = self.red.dtype.size();
+        let have = self.pending + n;
+        let whole = have / es * es;
+        if whole > 0 {
+            let t = self.timed.then(Instant::now);
+            let dst = &mut self.dst[self.done..self.done + whole];
+            combine_bytes(self.red.dtype, Combine::from(self.red.op), dst, &self.bounce[..whole]);
+            self.reduce += t.map_or(Duration::ZERO, |t| t.elapsed());
+            self.done += whole;
+        }
+        self.bounce.copy_within(whole..have, 0);
+        self.pending = have - whole;
     }
 }
 
@@ -321,40 +370,21 @@ impl Engine {
         let (rank, n) = (ring.me, ring.len());
         let (next, prev) = (ring.next(), ring.prev());
         let es = red.dtype.size();
-        let combine = Combine::from(red.op);
-        let max_seg = segs.iter().map(|s| s.len() * es).max().unwrap_or(0);
         let mut scratch = std::mem::take(&mut self.scratch);
-        self.scratch = Vec::new();
-        let words = max_seg.div_ceil(8);
-        if scratch.len() < words {
-            scratch.resize(words, 0);
-        }
-        let scratch_bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch[..]);
+        scratch.resize((MAX_READ + 16).div_ceil(8), 0);
+        let bounce: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch[..]);
         let mut result = Ok(());
         for s in 0..n - 1 {
             let send_idx = (rank + offset + 2 * n - s) % n;
             let recv_idx = (rank + offset + 2 * n - s - 1) % n;
             let (send, dst) = disjoint(buf, scale(&segs[send_idx], es), scale(&segs[recv_idx], es));
-            let recv = &mut scratch_bytes[..dst.len()];
-            let mut done = 0usize;
             let mut sent_total = 0usize;
             let began = self.step_begins();
-            let mut reduce = Duration::ZERO;
-            let r = self.mesh.exchange(
-                Some((next, send)),
-                Some((prev, recv)),
-                clock,
-                |got, data| {
-                    let upto = got / es * es;
-                    if upto > done {
-                        let t = began.map(|_| Instant::now());
-                        combine_bytes(red.dtype, combine, &mut dst[done..upto], &data[done..upto]);
-                        reduce += t.map_or(Duration::ZERO, |t| t.elapsed());
-                        done = upto;
-                    }
-                },
-                |sent| sent_total = sent,
-            );
+            let mut inbox = Reducing::new(dst, &mut *bounce, red, began.is_some());
+            let r = self
+                .mesh
+                .exchange_into(Some((next, send)), Some((prev, &mut inbox)), clock, |sent| sent_total = sent);
+            let reduce = inbox.reduce;
             self.step_ends("reduce-scatter", s, began, reduce, sent_total);
             self.moved(sent_total);
             if let Err(e) = r {
@@ -690,6 +720,33 @@ mod tests {
         assert_eq!(split(10, 3), vec![0..4, 4..7, 7..10]);
         assert_eq!(split(2, 4), vec![0..1, 1..2, 2..2, 2..2]);
         assert_eq!(split(0, 2), vec![0..0, 0..0]);
+    }
+
+    #[test]
+    fn reads_that_split_elements_are_combined_whole() {
+        let mine: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        let theirs: Vec<f32> = (0..100).map(|i| 1000.0 + i as f32).collect();
+        let mut dst = mine.clone();
+        let mut bounce = vec![0u64; 4];
+        let red = Reduction { dtype: DType::F32, op: ReduceOp::Sum, postscale: 1.0 };
+        let wire: &[u8] = bytemuck::cast_slice(&theirs);
+        let mut inbox = Reducing::new(
+            bytemuck::cast_slice_mut(&mut dst),
+            bytemuck::cast_slice_mut(&mut bounce),
+            red,
+            false,
+        );
+        let mut got = 0;
+        while got < wire.len() {
+            let space = inbox.space(got, 7);
+            let n = space.len().min(wire.len() - got);
+            space[..n].copy_from_slice(&wire[got..got + n]);
+            inbox.landed(got, n);
+            got += n;
+        }
+        assert_eq!(inbox.done, wire.len());
+        let want: Vec<f32> = mine.iter().zip(&theirs).map(|(a, b)| a + b).collect();
+        assert_eq!(dst, want);
     }
 
     #[test]

@@ -437,19 +437,38 @@ impl Mesh {
         send: Option<(usize, &[u8])>,
         recv: Option<(usize, &mut [u8])>,
         clock: &mut Clock,
-        mut on_recv: impl FnMut(usize, &[u8]),
+        on_recv: impl FnMut(usize, &[u8]),
+        send_hook: impl FnMut(usize),
+    ) -> Result<(), CommError> {
+        match recv {
+            Some((from, buf)) => {
+                let mut landing = Landing { buf, on_recv };
+                self.exchange_into(send, Some((from, &mut landing)), clock, send_hook)
+            }
+            None => self.exchange_into(send, None, clock, send_hook),
+        }
+    }
+
+    /// As [`Mesh::exchange`], the received bytes going wherever `recv`'s
+    /// [`Inbox`] puts them.
+    pub fn exchange_into(
+        &mut self,
+        send: Option<(usize, &[u8])>,
+        recv: Option<(usize, &mut dyn Inbox)>,
+        clock: &mut Clock,
         mut send_hook: impl FnMut(usize),
     ) -> Result<(), CommError> {
-        const MAX_READ: usize = 256 << 10;
         let (to, out) = send.unwrap_or((usize::MAX, &[]));
-        let (from, inp) = match recv {
+        let mut nowhere = Landing { buf: &mut [], on_recv: |_: usize, _: &[u8]| {} };
+        let (from, inbox): (usize, &mut dyn Inbox) = match recv {
             Some((p, b)) => (p, b),
-            None => (usize::MAX, &mut [][..]),
+            None => (usize::MAX, &mut nowhere),
         };
+        let expected = inbox.total();
         let (mut sent, mut got) = (0usize, 0usize);
         let profiled = self.timing.is_some();
         let started = |on: bool| on.then(Instant::now);
-        while sent < out.len() || got < inp.len() {
+        while sent < out.len() || got < expected {
             let mut progressed = false;
             if sent < out.len() {
                 let t = started(profiled);
@@ -463,16 +482,15 @@ impl Mesh {
                     progressed = true;
                 }
             }
-            if got < inp.len() {
-                let end = (got + MAX_READ).min(inp.len());
+            if got < expected {
                 let t = started(profiled);
-                let n = self.try_recv(from, &mut inp[got..end], clock)?;
+                let n = self.try_recv(from, inbox.space(got, MAX_READ.min(expected - got)), clock)?;
                 if let (Some(t), Some(x)) = (t, self.timing.as_mut()) {
                     x.recv += t.elapsed();
                 }
                 if n > 0 {
+                    inbox.landed(got, n);
                     got += n;
-                    on_recv(got, inp);
                     progressed = true;
                 }
             }
@@ -481,7 +499,7 @@ impl Mesh {
                 if sent < out.len() {
                     want.push((to, libc::POLLOUT));
                 }
-                if got < inp.len() {
+                if got < expected {
                     want.push((from, libc::POLLIN));
                 }
                 let t = started(profiled);
@@ -554,6 +572,39 @@ impl Mesh {
                 self.wait(&want, clock)?;
             }
         }
+    }
+}
+
+/// The most one `recv` takes.
+pub(crate) const MAX_READ: usize = 256 << 10;
+
+/// Where an exchange puts the bytes it receives.
+pub(crate) trait Inbox {
+    /// How many bytes the exchange receives.
+    fn total(&self) -> usize;
+    /// Room for the next bytes after `got` (at most `max`, at least one).
+    fn space(&mut self, got: usize, max: usize) -> &mut [u8];
+    /// `n` bytes after `got` were written at the start of the last `space`.
+    fn landed(&mut self, got: usize, n: usize);
+}
+
+/// Bytes received into one buffer, in place; `on_recv(total, buf)` after each read.
+struct Landing<'a, F: FnMut(usize, &[u8])> {
+    buf: &'a mut [u8],
+    on_recv: F,
+}
+
+impl<F: FnMut(usize, &[u8])> Inbox for Landing<'_, F> {
+    fn total(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn space(&mut self, got: usize, max: usize) -> &mut [u8] {
+        &mut self.buf[got..got + max]
+    }
+
+    fn landed(&mut self, got: usize, n: usize) {
+        (self.on_recv)(got + n, self.buf);
     }
 }
 
