@@ -156,13 +156,17 @@ fn check_payloads(
     let Some(size) = args.size else { return Ok(None) };
     let rank = comm.rank();
     let mut last = None;
-    let mut next = crate::check_payload::Payload::new(rank, size);
+    let payload = || crate::check_payload::Payload::new(rank, size);
+    let mut next = Some(payload());
     for k in 1..=args.iterations {
         let checked = next
+            .take()
+            .expect("built before its all-reduce")
             .all_reduce_and_check(comm)
             .with_context(|| format!("checking all-reduce {k} of {}", args.iterations))?;
-        // Built before the line, so that the next op starts as it is written.
-        next = crate::check_payload::Payload::new(rank, size);
+        // Built before the line, so that the next op starts as it is written
+        // (and not after the last).
+        next = (k < args.iterations).then(payload);
         eprintln!("rank {rank}: all-reduce {k}/{} checked", args.iterations);
         last = Some(checked);
     }
