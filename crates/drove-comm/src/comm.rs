@@ -219,8 +219,9 @@ pub enum Transport {
     Auto,
     /// Always the flat TCP ring.
     Tcp,
-    /// As `Auto`, but a world whose hosts cannot set up shared memory fails
-    /// to connect, naming the ranks, instead of falling back to the ring.
+    /// As `Auto`, but a world of several hosts that cannot set up shared
+    /// memory on each fails to connect, naming the ranks, instead of falling
+    /// back to the ring (a world on one host falls back as with `Auto`).
     Hierarchical,
 }
 

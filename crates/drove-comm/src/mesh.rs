@@ -9,10 +9,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use crate::error::CommError;
+use crate::hosts::MAX_HOST_ID;
 use crate::profile::ExchangeTimes;
 
-/// The longest host id a greeting carries (longer ones are cut).
-const MAX_HOST_ID: usize = 256;
 const MAGIC: u64 = 0x6472_6f76_6532_0002; // "drove2" + protocol version 2 (the greeting carries the generation)
 
 /// Deadline, stall warning and the op they belong to.
@@ -95,7 +94,7 @@ fn write_hello(
     world: usize,
     host: &str,
 ) -> std::io::Result<()> {
-    let host = &host.as_bytes()[..host.len().min(MAX_HOST_ID)];
+    let host = host.as_bytes(); // at most MAX_HOST_ID bytes (`host_id` cuts it)
     let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&MAGIC.to_le_bytes());
     b.extend_from_slice(&generation.to_le_bytes());
