@@ -162,7 +162,7 @@ def drove_side():
         if time.time() > until or coord.p.poll() is not None:
             raise SystemExit(f"the coordinator did not listen: {coord.lines}")
         time.sleep(0.05)
-    member_argv = [E["ER_DROVE"], "train", "ner", "--world", "3:4", "--bucket-window", "0", "--batch-size", "2",
+    member_argv = [E["ER_DROVE"], "train", "ner", "--world", "3:4", "--batch-size", "2",
                    "--epochs", "1", "--max-train-sentences", str(sentences), "--eval", "", "--workers", "1",
                    "--log-every", "1", "--dropout", "0",
                    "--data", os.path.join(assets, "conll2003"), "--model", os.path.join(assets, "minilm"),

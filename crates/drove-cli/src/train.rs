@@ -9,7 +9,7 @@
 
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
 use burn::backend::{Autodiff, Flex};
@@ -64,11 +64,22 @@ pub struct NerArgs {
     /// The rank that --fail-at-step kills.
     #[arg(long, value_name = "R", default_value_t = 0, hide = true, requires = "fail_at_step")]
     rank_to_fail: usize,
+    /// Make rank --rank-to-stall stop for --stall-secs right after step N, its
+    /// heartbeats going on (a test that a slow member is waited for, not
+    /// lost; only in the first attempt).
+    #[arg(long, value_name = "N", hide = true)]
+    stall_at_step: Option<u64>,
+    /// The rank that --stall-at-step stops.
+    #[arg(long, value_name = "R", default_value_t = 0, hide = true, requires = "stall_at_step")]
+    rank_to_stall: usize,
+    /// How long --stall-at-step stops its rank.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, hide = true, requires = "stall_at_step")]
+    stall_secs: f64,
     /// An elastic run of MIN to MAX ranks (torchrun's --nnodes MIN:MAX; N
     /// for N:N): a lost rank ends its world, not the run; the others keep
     /// their state in memory and go on in the next world, which ranks
     /// joining later enter at a step boundary. Needs a coordinator
-    /// (DROVE_COORDINATOR) and --bucket-window 0 [env: DROVE_ELASTIC].
+    /// (DROVE_COORDINATOR); it buckets no batches by length [env: DROVE_ELASTIC].
     #[arg(long, value_name = "MIN:MAX")]
     world: Option<WorldRange>,
     /// Start from random weights of the model folder's config.json instead of
@@ -121,6 +132,8 @@ struct Reporter {
     progress: RankProgress,
     metrics: Option<MetricsObserver>,
     fail_at: Option<(u64, usize)>,
+    /// (step, rank, how long): once.
+    stall_at: Option<(u64, usize, Duration)>,
 }
 
 impl Reporter {
@@ -152,6 +165,15 @@ impl Observer for Reporter {
             unsafe {
                 libc::kill(libc::getpid(), libc::SIGKILL);
             }
+        }
+        if let Some((step, rank, secs)) = self.stall_at
+            && (step, rank) == (r.step, self.progress.rank)
+        {
+            self.stall_at = None;
+            eprintln!(
+                "rank {rank}: stopping for {secs:.1?} after step {step}, heartbeats going on (--stall-at-step)"
+            );
+            std::thread::sleep(secs);
         }
         if let Some(m) = &mut self.metrics {
             m.step(r);
@@ -443,6 +465,9 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         metrics: metrics.map(|m| MetricsObserver::new(m, rank)),
         // A failure to test restarts with happens in the first attempt only.
         fail_at: args.fail_at_step.filter(|_| restart == 0).map(|s| (s, args.rank_to_fail)),
+        stall_at: args.stall_at_step.filter(|_| restart == 0).map(|s| {
+            (s, args.rank_to_stall, Duration::try_from_secs_f64(args.stall_secs).unwrap_or_default())
+        }),
     };
     if rank == 0 {
         record_options(&reporter, &opts, comm.world_size(), restart);
@@ -567,7 +592,7 @@ pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
         epochs: 1,
         batch_size: args.batch_size,
         eval_sets: Vec::new(),
-        bucket_window: args.bucket_window,
+        bucket_window: Some(args.bucket_window),
         micro_batches: micro,
         placement,
         max_steps: Some(args.warmup_steps + args.steps),

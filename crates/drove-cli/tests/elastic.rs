@@ -32,31 +32,20 @@ const SENTENCES: usize = 160;
 fn member(addr: &str, run_id: &str, id: usize, dir: &Path, fail: bool) -> Proc {
     let a = assets();
     let mut cmd = Command::new(DROVE);
-    cmd.args([
-        "train",
-        "ner",
-        "--world",
-        "3:4",
-        "--bucket-window",
-        "0",
-        "--batch-size",
-        "2",
-        "--epochs",
-        "1",
-    ])
-    .args(["--max-train-sentences", &SENTENCES.to_string(), "--eval", "test", "--max-eval-sentences"])
-    .args(["200", "--workers", "1", "--log-every", "1", "--dropout", "0", "--json", "--data"])
-    .arg(a.join("conll2003"))
-    .arg("--model")
-    .arg(a.join("minilm"))
-    .arg("--out")
-    .arg(dir.join(format!("out-{id}")))
-    .arg("--trace-samples")
-    .arg(dir.join("trace.jsonl"))
-    .env("DROVE_COORDINATOR", addr)
-    .env("DROVE_RUN_ID", run_id)
-    .env("DROVE_MEMBER_ID", format!("m{id}"))
-    .env("RUST_LOG", "warn");
+    cmd.args(["train", "ner", "--world", "3:4", "--batch-size", "2", "--epochs", "1"])
+        .args(["--max-train-sentences", &SENTENCES.to_string(), "--eval", "test", "--max-eval-sentences"])
+        .args(["200", "--workers", "1", "--log-every", "1", "--dropout", "0", "--json", "--data"])
+        .arg(a.join("conll2003"))
+        .arg("--model")
+        .arg(a.join("minilm"))
+        .arg("--out")
+        .arg(dir.join(format!("out-{id}")))
+        .arg("--trace-samples")
+        .arg(dir.join("trace.jsonl"))
+        .env("DROVE_COORDINATOR", addr)
+        .env("DROVE_RUN_ID", run_id)
+        .env("DROVE_MEMBER_ID", format!("m{id}"))
+        .env("RUST_LOG", "warn");
     if fail {
         // The fourth to join is rank 3 of generation 1.
         cmd.args(["--fail-at-step", "10", "--rank-to-fail", "3"]);
@@ -304,6 +293,32 @@ fn a_stopped_member_is_left_out_and_told_so_when_it_resumes() {
     let (worlds, applied) = traced(dir.path());
     assert_eq!(worlds, [(1, 3), (2, 2)], "{errs}");
     assert_each_once(&applied, SLOW);
+}
+
+#[test]
+fn a_member_slow_past_the_collective_deadline_but_still_beating_is_waited_for_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_coordinator, addr) = serve(dir.path());
+    // A collective's deadline is 2 s; rank 1 stops for 8 s after step 3, its
+    // heartbeats going on (as a member starved of CPU does).
+    let env = [("DROVE_COMM_TIMEOUT", "2")];
+    let stall = ["--stall-at-step", "3", "--rank-to-stall", "1", "--stall-secs", "8"];
+    let run = Small { addr: &addr, run_id: "slow", dir: dir.path(), world: "3:3", sentences: SENTENCES };
+    let members: Vec<Proc> = (0..3).map(|id| small_member(&run, id, &env, &stall)).collect();
+    let mut errs = String::new();
+    for (i, m) in members.into_iter().enumerate() {
+        let (status, _, err) = m.finish(DEADLINE);
+        assert!(status.success(), "member {i} finishes:\n{err}");
+        errs.push_str(&err);
+    }
+    assert!(errs.contains("(--stall-at-step)"), "a member stopped:\n{errs}");
+    assert!(
+        errs.contains("still alive (heartbeats), waiting for them up to the hang limit"),
+        "the others said whom they waited for:\n{errs}"
+    );
+    let (worlds, applied) = traced(dir.path());
+    assert_eq!(worlds, [(1, 3)], "one world, nobody lost:\n{errs}");
+    assert_each_once(&applied, SENTENCES);
 }
 
 #[test]

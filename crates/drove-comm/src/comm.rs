@@ -6,10 +6,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::clock::Deadlines;
 use crate::desc::{OpDesc, OpKind};
 use crate::dtype::{Buffer, DType, ReduceOp, TensorMut, TensorRef, scale_bytes};
 use crate::engine::{Engine, Reduction, split};
 use crate::error::CommError;
+use crate::liveness::{DEFAULT_HANG_LIMIT, Liveness};
 use crate::mesh::Mesh;
 use crate::place::Place;
 use crate::profile::{RingProfile, RingStep};
@@ -268,9 +270,28 @@ pub struct CommOptions {
     pub transport: Transport,
     /// Bytes per shared-memory staging buffer (default 1 MiB).
     pub shm_chunk: usize,
+    /// Which peers that keep an op waiting past `timeout` show no sign of
+    /// life (an elastic run's heartbeats): those fail the op at the deadline,
+    /// live ones are waited for up to `hang_limit`. `None` (the default):
+    /// the deadline is final.
+    pub liveness: Option<Arc<dyn Liveness>>,
+    /// How long an op waits for peers that are alive (see `liveness`) before
+    /// it fails naming them (default 10 minutes).
+    pub hang_limit: Duration,
     /// Test hook: the process kills itself (SIGKILL) after moving this many bytes.
     #[doc(hidden)]
     pub fault_kill_after_bytes: Option<u64>,
+}
+
+impl CommOptions {
+    pub(crate) fn deadlines(&self) -> Deadlines {
+        Deadlines {
+            timeout: self.timeout,
+            warn_after: self.warn_after,
+            liveness: self.liveness.clone(),
+            hang_limit: self.hang_limit.max(self.timeout),
+        }
+    }
 }
 
 impl Default for CommOptions {
@@ -281,14 +302,17 @@ impl Default for CommOptions {
             connect_timeout: Duration::from_secs(60),
             transport: Transport::Auto,
             shm_chunk: 1 << 20,
+            liveness: None,
+            hang_limit: DEFAULT_HANG_LIMIT,
             fault_kill_after_bytes: None,
         }
     }
 }
 
 impl CommOptions {
-    /// Defaults, overridden by `DROVE_COMM_TIMEOUT` and `DROVE_COMM_WARN_AFTER`
-    /// (seconds) and `DROVE_COMM_TRANSPORT` (`auto`, `tcp` or `hierarchical`).
+    /// Defaults, overridden by `DROVE_COMM_TIMEOUT`, `DROVE_COMM_WARN_AFTER`
+    /// and `DROVE_COMM_HANG_LIMIT` (seconds) and `DROVE_COMM_TRANSPORT`
+    /// (`auto`, `tcp` or `hierarchical`).
     pub fn from_env() -> Result<Self, CommError> {
         let mut o = CommOptions::default();
         let secs = |name: &str| -> Result<Option<Duration>, CommError> {
@@ -310,6 +334,9 @@ impl CommOptions {
         }
         if let Some(t) = secs("DROVE_COMM_WARN_AFTER")? {
             o.warn_after = t;
+        }
+        if let Some(t) = secs("DROVE_COMM_HANG_LIMIT")? {
+            o.hang_limit = t;
         }
         if let Ok(v) = std::env::var("DROVE_COMM_TRANSPORT") {
             o.transport = v.parse().map_err(CommError::Rendezvous)?;
@@ -447,7 +474,7 @@ impl Communicator {
         let mut mesh = Mesh::connect(generation, rank, world, &listener, addrs, deadline)?;
         drop(listener);
         let layout = crate::hosts::setup(&mut mesh, opts, deadline)?;
-        let engine = Engine::new(mesh, layout, opts.timeout, opts.warn_after, opts.fault_kill_after_bytes);
+        let engine = Engine::new(mesh, layout, opts.deadlines(), opts.fault_kill_after_bytes);
         let transport = engine.transport();
         tracing::info!(rank, world, "communicator connected: data moves over {transport}");
         let shared = Arc::new(Shared {

@@ -2,6 +2,7 @@
 //! that set `DROVE_COORDINATOR` and `DROVE_RUN_ID` (metric points go through
 //! the `drove-metrics` crate: the data plane keeps the rendezvous only).
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -360,7 +361,7 @@ pub(crate) enum Beating {
 }
 
 /// What an elastic member's heartbeats carry and hear.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Beat {
     /// The generation the member runs in.
     pub generation: AtomicU64,
@@ -368,6 +369,19 @@ pub(crate) struct Beat {
     pub reform: AtomicBool,
     /// Why, as it said.
     pub cause: Mutex<Option<ReformCause>>,
+    /// When the other members of its generation last beat, as last heard.
+    pub peers: Mutex<Option<PeerBeats>>,
+}
+
+/// The coordinator's last word on when each member of a generation beat.
+#[derive(Debug)]
+pub(crate) struct PeerBeats {
+    /// The generation it is about.
+    pub generation: u64,
+    /// When the answer came.
+    pub heard: Instant,
+    /// Member id -> time since its last beat, at `heard`.
+    pub since: HashMap<String, Duration>,
 }
 
 impl Beating {
@@ -385,7 +399,17 @@ impl Beating {
         }
     }
 
-    fn heard(&self, response: &HeartbeatResponse) {
+    /// Takes in the answer to a heartbeat sent for `generation`.
+    fn heard(&self, response: &HeartbeatResponse, generation: u64) {
+        if let Beating::Member(_, beat) = self {
+            let since = response
+                .member_beats
+                .iter()
+                .map(|b| (b.member_id.clone(), Duration::from_millis(u64::try_from(b.since_ms).unwrap_or(0))))
+                .collect();
+            *beat.peers.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(PeerBeats { generation, heard: Instant::now(), since });
+        }
         if let Beating::Member(_, beat) = self
             && response.reform
             && response.generation as u64 > beat.generation.load(Ordering::SeqCst)
@@ -443,10 +467,13 @@ pub(crate) fn spawn_heartbeats(
                     }
                     let c = clients.as_mut().expect("connected above");
                     let request = who.request(&run_id);
-                    c.rendezvous.heartbeat(request).await.map_err(|s| s.message().to_string())
+                    let generation = u64::try_from(request.generation).unwrap_or(0);
+                    let response =
+                        c.rendezvous.heartbeat(request).await.map_err(|s| s.message().to_string())?;
+                    Ok::<_, String>((response, generation))
                 };
                 match tokio::time::timeout(every.max(Duration::from_secs(1)) * 2, call).await {
-                    Ok(Ok(response)) => who.heard(response.get_ref()),
+                    Ok(Ok((response, generation))) => who.heard(response.get_ref(), generation),
                     Ok(Err(e)) => {
                         tracing::debug!("heartbeat to {addr} failed: {e}");
                         clients = None;

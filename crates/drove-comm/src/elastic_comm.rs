@@ -11,6 +11,7 @@ use crate::coordinator::{Beat, Beating, CoordinatorRendezvous, ElasticJoin, spaw
 use crate::dtype::{Buffer, ReduceOp, TensorMut, TensorRef};
 use crate::elastic::{Elastic, MemberId, ReformCause, World, WorldRange};
 use crate::error::CommError;
+use crate::liveness::Liveness;
 use crate::spec::OpSpec;
 use crate::{Element, Place};
 
@@ -18,6 +19,34 @@ use crate::{Element, Place};
 /// default: long enough for a replaced member to come back, short enough
 /// that a lost one costs a few seconds.
 pub const DEFAULT_SETTLE: Duration = Duration::from_secs(2);
+
+/// A member whose heartbeats have not reached the coordinator for this many
+/// of its beats is silent: lost at an op's deadline. One still beating is
+/// slow, not lost, and is waited for up to the hang limit.
+pub const SILENT_AFTER_BEATS: u32 = 5;
+
+/// One world's members as their heartbeats show them: the coordinator's
+/// last word on when each beat, aged by the time since it came.
+#[derive(Debug)]
+struct Heartbeats {
+    beat: Arc<Beat>,
+    generation: u64,
+    /// Member ids by rank.
+    members: Vec<String>,
+    silent_after: Duration,
+}
+
+impl Liveness for Heartbeats {
+    fn silent(&self, ranks: &[usize]) -> Vec<usize> {
+        let peers = self.beat.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let heard = peers.as_ref().filter(|p| p.generation == self.generation);
+        let alive = |rank: usize| -> bool {
+            let (Some(heard), Some(member)) = (heard, self.members.get(rank)) else { return false };
+            heard.since.get(member).is_some_and(|since| *since + heard.heard.elapsed() < self.silent_after)
+        };
+        ranks.iter().copied().filter(|&r| !alive(r)).collect()
+    }
+}
 
 /// A communicator whose world can end and re-form: the current world's
 /// [`Communicator`], replaced by the next generation's on [`Elastic::reform`].
@@ -114,7 +143,16 @@ impl ElasticComm {
         let joined = Instant::now() + self.rendezvous_timeout;
         let (table, world) = self.rendezvous.join_elastic(&join, local, joined)?;
         let deadline = Instant::now() + self.opts.connect_timeout;
-        let comm = Communicator::with_table(listener, &table, world.generation, &self.opts, deadline)?;
+        let mut opts = self.opts.clone();
+        if let Some(every) = self.rendezvous.heartbeat {
+            opts.liveness = Some(Arc::new(Heartbeats {
+                beat: Arc::clone(&self.beat),
+                generation: world.generation,
+                members: world.members.clone(),
+                silent_after: every * SILENT_AFTER_BEATS,
+            }));
+        }
+        let comm = Communicator::with_table(listener, &table, world.generation, &opts, deadline)?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(comm);
         self.beat.generation.store(world.generation, Ordering::SeqCst);
         self.beat.reform.store(false, Ordering::SeqCst);

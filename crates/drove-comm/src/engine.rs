@@ -4,12 +4,13 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use crate::clock::{Clock, Deadlines};
 use crate::desc::{OpDesc, check};
 use crate::dtype::{Combine, DType, ReduceOp, combine_bytes, combine_many, finish};
 use crate::error::CommError;
 use crate::hierarchical::HostGroup;
 use crate::hosts::Layout;
-use crate::mesh::{Clock, Inbox, MAX_READ, Mesh};
+use crate::mesh::{Inbox, MAX_READ, Mesh};
 use crate::profile::{ExchangeTimes, RingProfile};
 use crate::shm::Shm;
 
@@ -147,8 +148,7 @@ pub(crate) struct Engine {
     pub shm: Option<Shm>,
     /// This host's ranks in a hierarchical world.
     pub hosts: Option<HostGroup>,
-    pub timeout: Duration,
-    pub warn_after: Duration,
+    pub deadlines: Deadlines,
     pub seq: u64,
     pub broken: Option<String>,
     pub shm_round: usize,
@@ -220,13 +220,7 @@ fn piece_of(seg: &Range<usize>, k: usize, piece: usize) -> Range<usize> {
 }
 
 impl Engine {
-    pub fn new(
-        mesh: Mesh,
-        layout: Layout,
-        timeout: Duration,
-        warn_after: Duration,
-        kill_after: Option<u64>,
-    ) -> Self {
+    pub fn new(mesh: Mesh, layout: Layout, deadlines: Deadlines, kill_after: Option<u64>) -> Self {
         let (shm, hosts) = match layout {
             Layout::Ring => (None, None),
             Layout::Shared(shm) => (Some(shm), None),
@@ -236,8 +230,7 @@ impl Engine {
             mesh,
             shm,
             hosts,
-            timeout,
-            warn_after,
+            deadlines,
             seq: 0,
             broken: None,
             shm_round: 0,
@@ -298,7 +291,7 @@ impl Engine {
         }
         desc.seq = self.seq;
         self.seq += 1;
-        let mut clock = Clock::new(desc.label(), self.timeout, self.warn_after);
+        let mut clock = Clock::new(desc.label(), &self.deadlines);
         if self.world() == 1 {
             check(std::slice::from_ref(&desc))?;
             return Ok((clock, vec![desc]));

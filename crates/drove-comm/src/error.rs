@@ -45,6 +45,19 @@ pub enum CommError {
         /// The deadline that passed.
         after: Duration,
     },
+    /// Awaited peers were alive (their heartbeats went on) but did not come
+    /// within the hang limit.
+    #[error(
+        "{op}: rank(s) {ranks:?} still alive but did not come within the hang limit of {after:.1?} (DROVE_COMM_HANG_LIMIT)"
+    )]
+    Hung {
+        /// The op.
+        op: String,
+        /// The ranks waited for.
+        ranks: Vec<usize>,
+        /// The hang limit that passed.
+        after: Duration,
+    },
     /// Awaited peers went silent past the stall warning, and other peers hung
     /// up meanwhile: most likely they gave up on the same silent ranks on their
     /// own deadline, so the silent ones are named first.
@@ -106,13 +119,14 @@ impl CommError {
     }
 
     /// Whether this error means a member of the world is gone (died, cut
-    /// off, stalled past the deadline), so an elastic run re-forms its world
+    /// off, silent past the deadline, alive but hung past the hang limit), so an elastic run re-forms its world
     /// instead of failing: the op's data may be lost, the replica is not.
     pub fn is_membership_loss(&self) -> bool {
         matches!(
             self,
             CommError::PeerLost { .. }
                 | CommError::Timeout { .. }
+                | CommError::Hung { .. }
                 | CommError::Stalled { .. }
                 | CommError::Broken { .. }
         )

@@ -19,10 +19,10 @@
 
 use std::time::Duration;
 
+use crate::clock::Clock;
 use crate::dtype::finish;
 use crate::engine::{Deliver, Engine, Reduction, Ring, Staged};
 use crate::error::CommError;
-use crate::mesh::Clock;
 use crate::shm::Shm;
 
 /// How long past the op's deadline a rank waits for its host's leader.
@@ -98,10 +98,7 @@ impl Engine {
             }
         }
         if let Some(shm) = group.shm.as_mut() {
-            let mut waiting = clock.clone();
-            if rank != leader {
-                waiting.timeout += LEADER_GRACE;
-            }
+            let mut waiting = if rank == leader { clock.clone() } else { clock.with_grace(LEADER_GRACE) };
             let mut staged =
                 Staged { shm, round: &mut self.shm_round, mesh: &self.mesh, fault: &mut self.fault };
             staged.broadcast(buf, 0, &mut waiting)?;

@@ -11,10 +11,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::clock::{Clock, Deadlines};
 use crate::comm::{CommOptions, Transport};
 use crate::error::CommError;
 use crate::hierarchical::HostGroup;
-use crate::mesh::{Clock, Mesh};
+use crate::mesh::Mesh;
 use crate::shm::{MAX_RANKS, Shm};
 
 /// The longest host id, in bytes (the greeting's limit).
@@ -145,7 +146,7 @@ pub(crate) fn setup(mesh: &mut Mesh, opts: &CommOptions, deadline: Instant) -> R
     let group = hosts.group_of(rank).to_vec();
     let local = group.iter().position(|&r| r == rank).expect("a rank is in its host's group");
     let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    let mut clock = Clock::new("shared-memory setup".into(), timeout, timeout);
+    let mut clock = Clock::new("shared-memory setup".into(), &Deadlines::fixed(timeout, timeout));
     let chunk = opts.shm_chunk.max(4096) / 64 * 64;
     let frame = |text: &str| {
         let mut f = (text.len() as u32).to_le_bytes().to_vec();

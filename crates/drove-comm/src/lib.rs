@@ -37,6 +37,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod clock;
 mod comm;
 #[cfg(feature = "coordinator")]
 mod coordinator;
@@ -50,6 +51,7 @@ mod error;
 pub mod fusion;
 mod hierarchical;
 mod hosts;
+mod liveness;
 mod mesh;
 mod place;
 mod profile;
@@ -65,9 +67,12 @@ pub use coordinator::CoordinatorRendezvous;
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use elastic::{Elastic, Loss, MemberId, ReformCause, World, WorldRange};
 #[cfg(feature = "coordinator")]
-pub use elastic_comm::{DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership};
+pub use elastic_comm::{
+    DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership, SILENT_AFTER_BEATS,
+};
 pub use error::CommError;
 pub use half::{bf16, f16};
+pub use liveness::{DEFAULT_HANG_LIMIT, Liveness};
 pub use place::{Place, PlaceError, Rank, WorldSize};
 pub use profile::RingStep;
 pub use rendezvous::{

@@ -8,56 +8,12 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use crate::clock::Clock;
 use crate::error::CommError;
 use crate::hosts::MAX_HOST_ID;
 use crate::profile::ExchangeTimes;
 
 const MAGIC: u64 = 0x6472_6f76_6532_0002; // "drove2" + protocol version 2 (the greeting carries the generation)
-
-/// Deadline, stall warning and the op they belong to.
-#[derive(Clone, Debug)]
-pub(crate) struct Clock {
-    pub op: String,
-    pub start: Instant,
-    pub timeout: Duration,
-    pub warn_after: Duration,
-    pub warned: bool,
-}
-
-impl Clock {
-    pub fn new(op: String, timeout: Duration, warn_after: Duration) -> Self {
-        Clock { op, start: Instant::now(), timeout, warn_after, warned: false }
-    }
-
-    /// Errors if the deadline passed; warns once after `warn_after`.
-    pub fn check(&mut self, waiting_for: &[usize]) -> Result<(), CommError> {
-        let elapsed = self.start.elapsed();
-        if elapsed >= self.timeout {
-            return Err(CommError::Timeout {
-                op: self.op.clone(),
-                ranks: waiting_for.to_vec(),
-                after: self.timeout,
-            });
-        }
-        if !self.warned && elapsed >= self.warn_after {
-            self.warned = true;
-            tracing::warn!(
-                op = %self.op,
-                ranks = ?waiting_for,
-                "stalled for {:.1?}: still waiting for rank(s) {:?} (failing after {:.1?})",
-                elapsed, waiting_for, self.timeout
-            );
-        }
-        Ok(())
-    }
-
-    /// How long one poll may block: until the next warning or the deadline, at most 1 s.
-    pub fn slice(&self) -> Duration {
-        let elapsed = self.start.elapsed();
-        let next = if !self.warned && elapsed < self.warn_after { self.warn_after } else { self.timeout };
-        next.saturating_sub(elapsed).min(Duration::from_secs(1)).max(Duration::from_millis(1))
-    }
-}
 
 /// Connections to every other rank.
 pub(crate) struct Mesh {
@@ -305,28 +261,31 @@ impl Mesh {
 
     /// Errors if the deadline passed (see [`Clock::check`]). A peer that has not
     /// acknowledged data sent to it for a while is named as lost rather than the
-    /// rank waited for: when a host or its link goes down, its neighbours wait on
-    /// each other, and only the ones with bytes stuck on the way to it can tell.
+    /// rank waited for, whatever its heartbeats say: when a host or its link
+    /// goes down, its neighbours wait on each other, and only the ones with
+    /// bytes stuck on the way to it can tell.
     pub fn check_deadline(&self, clock: &mut Clock, waiting: &[usize]) -> Result<(), CommError> {
-        match clock.check(waiting) {
-            Err(CommError::Timeout { op, ranks, after }) => {
-                let stuck = self.unacknowledged();
-                if stuck.is_empty() {
-                    return Err(CommError::Timeout { op, ranks, after });
-                }
-                let silent = stuck.iter().map(|&(_, d)| d).max().unwrap_or_default();
-                let mut detail = format!(
-                    "no TCP acknowledgement of the data sent to it for {silent:.1?} (its host or link is down)"
-                );
-                let others: Vec<usize> =
-                    ranks.iter().copied().filter(|r| stuck.iter().all(|&(p, _)| p != *r)).collect();
-                if !others.is_empty() {
-                    detail.push_str(&format!(", while waiting for rank(s) {others:?} for {after:.1?}"));
-                }
-                Err(CommError::PeerLost { op, ranks: stuck.into_iter().map(|(p, _)| p).collect(), detail })
-            }
-            other => other,
+        if !clock.past_deadline() {
+            return clock.check(waiting);
         }
+        let stuck = self.unacknowledged();
+        if stuck.is_empty() {
+            return clock.check(waiting);
+        }
+        let silent = stuck.iter().map(|&(_, d)| d).max().unwrap_or_default();
+        let mut detail = format!(
+            "no TCP acknowledgement of the data sent to it for {silent:.1?} (its host or link is down)"
+        );
+        let others: Vec<usize> =
+            waiting.iter().copied().filter(|r| stuck.iter().all(|&(p, _)| p != *r)).collect();
+        if !others.is_empty() {
+            detail.push_str(&format!(", while waiting for rank(s) {others:?} for {:.1?}", clock.timeout));
+        }
+        Err(CommError::PeerLost {
+            op: clock.op.clone(),
+            ranks: stuck.into_iter().map(|(p, _)| p).collect(),
+            detail,
+        })
     }
 
     /// Peers with data in flight that the kernel is retransmitting and that

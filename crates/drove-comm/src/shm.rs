@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 
+use crate::clock::Clock;
 use crate::error::CommError;
-use crate::mesh::{Clock, Mesh};
+use crate::mesh::Mesh;
 
 const LINE: usize = 64;
 /// Counters (one line per rank, then the sleepers' line) in the first half,

@@ -11,7 +11,7 @@ use drove_collate::{
     MaskConfig, Masker, Padding, WordPieceTokenizer, read_conll,
 };
 
-use crate::{NerError, NerOptions};
+use crate::{DEFAULT_BUCKET_WINDOW, NerError, NerOptions};
 
 /// An evaluation set, tokenized.
 pub(crate) struct EvalSet {
@@ -147,7 +147,9 @@ pub(crate) fn training_loader(
             workers: opts.workers.max(1),
             prefetch: 2,
             drop_last: false,
-            bucketing: (opts.bucket_window > 0).then_some(Bucketing { window_batches: opts.bucket_window }),
+            bucketing: Some(opts.bucket_window.unwrap_or(DEFAULT_BUCKET_WINDOW))
+                .filter(|&window| window > 0)
+                .map(|window_batches| Bucketing { window_batches }),
             seeding: opts.seeding,
             seed: opts.seed,
         },

@@ -65,22 +65,16 @@ pub fn train_ner_with<B: AutodiffBackend>(
 /// the learning rate follows it by `opts.lr_scaling` (`--lr-scaling none`
 /// keeps it fixed). The schedule's length is counted at the smallest world
 /// the run allows, so it never runs out early; a world above it ends the run
-/// before the rate has decayed to zero. Length bucketing is refused: it
-/// reorders a rank's batches, and an elastic run's progress must be a
-/// prefix of the epoch's order.
+/// before the rate has decayed to zero. Length bucketing is off unless asked
+/// for, and refused when asked for: it reorders a rank's batches, and an
+/// elastic run's progress must be a prefix of the epoch's order
+/// ([`NerOptions::bucket_window_for`]).
 pub fn train_ner_elastic<B: AutodiffBackend>(
     opts: &NerOptions,
     comm: &dyn Elastic,
     observer: &mut dyn Observer,
     device: &B::Device,
 ) -> Result<NerSummary, NerError> {
-    if opts.bucket_window > 0 {
-        return Err(NerError::Options(format!(
-            "an elastic run needs --bucket-window 0 (found {}): length bucketing reorders a rank's batches, \
-             so the samples applied would not be a prefix of the epoch's order to re-shard from",
-            opts.bucket_window
-        )));
-    }
     fit_ner::<B>(opts, comm, Some(comm), observer, device, None)
 }
 
@@ -94,6 +88,8 @@ fn fit_ner<B: AutodiffBackend>(
 ) -> Result<NerSummary, NerError> {
     let (rank, world) = (comm.rank(), comm.world_size());
     check_options(opts)?;
+    let opts =
+        &NerOptions { bucket_window: Some(opts.bucket_window_for(elastic.is_some())?), ..opts.clone() };
     let data = NerData::load(opts)?;
     observer.note(&format!(
         "rank {rank}/{world}: {} training sentences, {} labels, evaluation sets {:?}",

@@ -63,6 +63,6 @@ pub use fit::{train_ner, train_ner_elastic, train_ner_with};
 pub use metrics::MetricsObserver;
 pub use model::load_model;
 pub use observer::{Observer, Quiet, ReformReport, StepReport};
-pub use options::{MaskAlarm, NerOptions};
+pub use options::{DEFAULT_BUCKET_WINDOW, MaskAlarm, NerOptions};
 pub use summary::NerSummary;
 pub use trace::{TraceLine, mask_hash};

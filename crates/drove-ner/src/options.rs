@@ -141,9 +141,11 @@ pub struct NerOptions {
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 2,
         value_parser = |s: &str| flags::at_least(s, 1, "--workers", "")))]
     pub workers: usize,
-    /// Sort windows of N batches by length to cut padding (0: off).
-    #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 16))]
-    pub bucket_window: usize,
+    /// Sort windows of N batches by length to cut padding (0: off; default 16,
+    /// and 0 in an elastic run, whose progress must stay a prefix of the
+    /// epoch's order).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    pub bucket_window: Option<usize>,
     /// Split each rank's batch into N micro-batches run at once, one per
     /// thread, their gradients summed (0: one per thread of the rank).
     // Dropout masks do not depend on the split, so only the order of
@@ -188,6 +190,29 @@ pub struct NerOptions {
     pub random_init: bool,
 }
 
+/// The length-bucketing window of a fixed world when none is given.
+pub const DEFAULT_BUCKET_WINDOW: usize = 16;
+
+impl NerOptions {
+    /// The length-bucketing window a world of this kind uses: the one given,
+    /// else [`DEFAULT_BUCKET_WINDOW`] in a fixed world and none in an elastic
+    /// one. Bucketing reorders a rank's batches, so an elastic run's progress
+    /// would no longer be a prefix of the epoch's order to re-shard from: a
+    /// window given to an elastic run is an error naming it.
+    pub fn bucket_window_for(&self, elastic: bool) -> Result<usize, NerError> {
+        match (self.bucket_window, elastic) {
+            (Some(window), true) if window > 0 => Err(NerError::Options(format!(
+                "an elastic run needs --bucket-window 0 (found {window}): length bucketing reorders a \
+                 rank's batches, so the samples applied would not be a prefix of the epoch's order to \
+                 re-shard from; leave the flag out and an elastic run buckets nothing"
+            ))),
+            (Some(window), _) => Ok(window),
+            (None, true) => Ok(0),
+            (None, false) => Ok(DEFAULT_BUCKET_WINDOW),
+        }
+    }
+}
+
 impl Default for NerOptions {
     fn default() -> Self {
         NerOptions {
@@ -217,7 +242,7 @@ impl Default for NerOptions {
             workers: 2,
             micro_batches: 0,
             placement: Placement::Host,
-            bucket_window: 16,
+            bucket_window: None,
             dropout: None,
             resume: false,
             max_steps: None,
@@ -312,6 +337,19 @@ mod tests {
         assert_eq!(o.warmup_fraction, 0.2);
         assert_eq!(o.adamw, AdamWSettings { weight_decay: 0.0, ..AdamWSettings::default() });
         assert_eq!(o.eval_sets, ["test"]);
+    }
+
+    #[test]
+    fn an_elastic_world_buckets_nothing_unless_told_and_refuses_a_window_it_cannot_keep() {
+        let default = Flags::parse_from(["ner"]).options;
+        assert_eq!(default.bucket_window_for(false).unwrap(), DEFAULT_BUCKET_WINDOW);
+        assert_eq!(default.bucket_window_for(true).unwrap(), 0);
+        let zero = Flags::parse_from(["ner", "--bucket-window", "0"]).options;
+        assert_eq!((zero.bucket_window_for(false).unwrap(), zero.bucket_window_for(true).unwrap()), (0, 0));
+        let eight = Flags::parse_from(["ner", "--bucket-window", "8"]).options;
+        assert_eq!(eight.bucket_window_for(false).unwrap(), 8);
+        let err = eight.bucket_window_for(true).unwrap_err().to_string();
+        assert!(err.contains("--bucket-window 0 (found 8)"), "{err}");
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use drove_proto::v1::{HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest};
+use drove_proto::v1::{
+    HeartbeatRequest, HeartbeatResponse, JoinRequest, JoinResponse, LeaveRequest, MemberBeat,
+};
 use tokio::sync::watch;
 use tonic::{Response, Status};
 
@@ -346,6 +348,7 @@ impl RendezvousService {
         let beat = run.gens.heartbeat(&req.member_id, req.generation, Instant::now()).map_err(status)?;
         response.reform = beat.reform;
         response.reform_cause = beat.cause.as_ref().map(End::to_proto);
+        response.member_beats = member_beats(&run.gens, req.generation, Instant::now());
         Ok(Some(response))
     }
 
@@ -419,4 +422,21 @@ impl RendezvousService {
         }
         Err(Status::not_found(format!("no run {run_id:?}")))
     }
+}
+
+/// How long ago each member of `generation` last sent a heartbeat (the ones
+/// heard from since this coordinator started).
+fn member_beats(gens: &Elastic, generation: i64, now: Instant) -> Vec<MemberBeat> {
+    let Some(g) = gens.generation(generation) else { return Vec::new() };
+    g.members
+        .iter()
+        .filter_map(|m| {
+            let beat = gens.beats.get(&m.member_id)?;
+            let since = now.saturating_duration_since(beat.at);
+            Some(MemberBeat {
+                member_id: m.member_id.clone(),
+                since_ms: i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
+            })
+        })
+        .collect()
 }
