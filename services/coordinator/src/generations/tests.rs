@@ -1,4 +1,11 @@
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use drove_proto::v1;
+
+use super::machine::natural_order;
 use super::*;
+use crate::run_state::RunState;
 
 const SETTLE: Duration = Duration::from_millis(200);
 
