@@ -29,7 +29,10 @@ pub enum GenerationState {
 
 /// A stored generation state that is none of them.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{value:?} is not a generation state (forming, running or ended)")]
+#[error(
+    "{}",
+    drove_proto::words::UnknownWord::new("a generation state", .value, GenerationState::ALL.map(GenerationState::as_str))
+)]
 pub struct ParseGenerationStateError {
     /// What was read.
     pub value: String,
@@ -40,13 +43,10 @@ impl GenerationState {
     pub const ALL: [GenerationState; 3] =
         [GenerationState::Forming, GenerationState::Running, GenerationState::Ended];
 
-    /// The state's word, as the store holds it.
+    /// The state's word, as the store holds it: its wire state's
+    /// [`word`](v1::GenerationState::word).
     pub fn as_str(self) -> &'static str {
-        match self {
-            GenerationState::Forming => "forming",
-            GenerationState::Running => "running",
-            GenerationState::Ended => "ended",
-        }
+        v1::GenerationState::from(self).word()
     }
 }
 

@@ -43,6 +43,15 @@ fn ranks(run: &Elastic, number: i64) -> Vec<(String, Option<usize>)> {
 }
 
 #[test]
+fn the_stored_words_stay_and_a_bad_one_is_named_with_the_three_it_could_be() {
+    // A store written before the words moved to drove-proto must still load.
+    assert_eq!(GenerationState::ALL.map(GenerationState::as_str), ["forming", "running", "ended"]);
+    let err = "paused".parse::<GenerationState>().unwrap_err();
+    assert_eq!(err.value, "paused");
+    assert_eq!(err.to_string(), "\"paused\" is not a generation state (forming, running or ended)");
+}
+
+#[test]
 fn a_state_reads_back_from_its_word() {
     for s in GenerationState::ALL {
         assert_eq!(s.as_str().parse(), Ok(s));
