@@ -6,7 +6,8 @@
 //! and [`v1::metrics_client::MetricsClient`] (and their `*_server` modules). The
 //! `.proto` files are the source of truth and document every field; this crate
 //! adds to the generated code only the descriptor set for reflection, the
-//! words a [`v1::RunState`] is shown and stored as, [`client`] connections, and
+//! [`words`] a run state, a generation state and an end kind are shown and
+//! stored as, [`client`] connections, and
 //! [`metric_names`], the names of the metrics and events a run records (the
 //! contract between the trainer that writes them and the readers of the store).
 //!
@@ -22,49 +23,12 @@
 #![deny(missing_docs)]
 
 pub mod metric_names;
+pub mod words;
 
 /// Package `drove.v1`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod v1 {
     tonic::include_proto!("drove.v1");
-}
-
-impl v1::RunState {
-    /// Every state, in the order of their numbers.
-    pub const ALL: [v1::RunState; 6] = [
-        v1::RunState::Unspecified,
-        v1::RunState::Rendezvous,
-        v1::RunState::Running,
-        v1::RunState::Finished,
-        v1::RunState::Failed,
-        v1::RunState::MetricsOnly,
-    ];
-
-    /// The word people read (`drove runs`, the report, Prometheus labels) and
-    /// the coordinator's store holds: `rendezvous`, `running`, `finished`,
-    /// `failed`, `metrics-only` (and `unspecified`).
-    pub fn word(self) -> &'static str {
-        match self {
-            v1::RunState::Unspecified => "unspecified",
-            v1::RunState::Rendezvous => "rendezvous",
-            v1::RunState::Running => "running",
-            v1::RunState::Finished => "finished",
-            v1::RunState::Failed => "failed",
-            v1::RunState::MetricsOnly => "metrics-only",
-        }
-    }
-
-    /// The state whose [`word`](Self::word) is `word`, if any.
-    pub fn from_word(word: &str) -> Option<v1::RunState> {
-        Self::ALL.into_iter().find(|s| s.word() == word)
-    }
-}
-
-/// The state's [`word`](v1::RunState::word), padded to the width asked for.
-impl std::fmt::Display for v1::RunState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.word())
-    }
 }
 
 /// The encoded `FileDescriptorSet` of `drove.v1`, for gRPC reflection.
@@ -190,21 +154,5 @@ pub mod client {
         ) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
             Ok(Self::new(connect(addr, token).await?))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::v1::RunState;
-
-    #[test]
-    fn every_run_state_has_its_own_word_and_reads_back_from_it() {
-        for state in RunState::ALL {
-            assert_eq!(RunState::from_word(state.word()), Some(state));
-            assert_eq!(state.to_string(), state.word());
-        }
-        assert_eq!(RunState::ALL.map(|s| s as i32), [0, 1, 2, 3, 4, 5]);
-        assert_eq!(RunState::from_word("RUNNING"), None);
-        assert_eq!(format!("[{:<9}]", RunState::Failed), "[failed   ]");
     }
 }

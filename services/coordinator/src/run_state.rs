@@ -19,7 +19,8 @@
 //!
 //! The store keeps a state as its word ([`RunState::as_str`], read back with
 //! [`FromStr`]); the wire carries it as [`drove_proto::v1::RunState`], whose
-//! [`word`](drove_proto::v1::RunState::word) is the same word.
+//! [`word`](drove_proto::v1::RunState::word) is the same word: the words are
+//! drove-proto's ([`drove_proto::words`]), not spelt here.
 
 use std::fmt;
 use std::str::FromStr;
@@ -73,7 +74,7 @@ pub struct TransitionError {
 
 /// A stored state that is none of the run states.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{value:?} is not a run state (rendezvous, running, finished or failed)")]
+#[error("{}", drove_proto::words::UnknownWord::new("a run state", .value, RunState::ALL.map(RunState::as_str)))]
 pub struct ParseRunStateError {
     /// What was read.
     pub value: String,
@@ -197,6 +198,15 @@ mod tests {
         assert_eq!(err.value, "metrics-only");
         assert!(err.to_string().contains("\"metrics-only\" is not a run state"), "{err}");
         assert!("Running".parse::<RunState>().is_err());
+    }
+
+    #[test]
+    fn a_bad_word_is_named_with_the_four_states_it_could_be() {
+        let err = "paused".parse::<RunState>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "\"paused\" is not a run state (rendezvous, running, finished or failed)"
+        );
     }
 
     #[test]

@@ -1,4 +1,11 @@
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use drove_proto::v1;
+
+use super::machine::natural_order;
 use super::*;
+use crate::run_state::RunState;
 
 const SETTLE: Duration = Duration::from_millis(200);
 
@@ -33,6 +40,15 @@ fn running(members: &[&str], t0: Instant) -> Elastic {
 
 fn ranks(run: &Elastic, number: i64) -> Vec<(String, Option<usize>)> {
     run.generation(number).unwrap().members.iter().map(|m| (m.member_id.clone(), m.rank)).collect()
+}
+
+#[test]
+fn the_stored_words_stay_and_a_bad_one_is_named_with_the_three_it_could_be() {
+    // A store written before the words moved to drove-proto must still load.
+    assert_eq!(GenerationState::ALL.map(GenerationState::as_str), ["forming", "running", "ended"]);
+    let err = "paused".parse::<GenerationState>().unwrap_err();
+    assert_eq!(err.value, "paused");
+    assert_eq!(err.to_string(), "\"paused\" is not a generation state (forming, running or ended)");
 }
 
 #[test]
