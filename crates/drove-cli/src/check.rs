@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use drove_comm::{CoordinatorRendezvous, Element, ReduceOptions, Rendezvous};
+use drove_comm::{Element, ReduceOptions, Rendezvous};
 use serde_json::json;
 
 /// Settings of `drove check`.
@@ -63,7 +63,13 @@ fn fail(code: u8, rank: usize) -> ExitCode {
 /// Joins the run on the coordinator with an address where nothing listens, and
 /// returns once every rank has joined.
 fn join_without_listening() -> anyhow::Result<()> {
-    let rendezvous = CoordinatorRendezvous::from_env().context("reading the coordinator settings")?;
+    let launch = drove_launch::LaunchEnv::from_env().context("reading the launch environment")?;
+    let (Some(addr), Some(run_id), Some(request)) = (&launch.coordinator, &launch.run_id, launch.place)
+    else {
+        anyhow::bail!("--join-without-listening needs DROVE_COORDINATOR, DROVE_RUN_ID and DROVE_WORLD_SIZE");
+    };
+    let rendezvous =
+        launch.rendezvous_at(addr, run_id, request).context("reading the coordinator settings")?;
     // A port that was free a moment ago and is closed now: the others' dials are refused.
     let probe = TcpListener::bind(SocketAddr::new(rendezvous.bind_addr().ip(), 0))
         .context("finding a free port to advertise")?;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow};
 use burn::backend::{Autodiff, Flex};
 use clap::Args;
-use drove_comm::{Collective, Elastic, ElasticComm, SingleProcess, WorldRange};
+use drove_comm::{Collective, Elastic, SingleProcess, WorldRange};
+use drove_control::ElasticComm;
 use drove_launch::{LaunchEnv, Progress, ProgressMode, Start};
 use drove_ner::{
     DiagnoseReport, EvalReport, MetricsObserver, NerError, NerOptions, NerSummary, Observer, ReformReport,

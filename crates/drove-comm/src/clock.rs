@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::CommError;
 use crate::liveness::Liveness;
+use drove_collective::CommError;
 
 /// How often, at most, the wait for live peers past the deadline warns.
 const HANG_WARNING_EVERY: Duration = Duration::from_secs(10);

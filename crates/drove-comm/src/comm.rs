@@ -1,215 +1,25 @@
-//! The `Collective` trait and the CPU communicator that implements it.
+//! [`Communicator`], the CPU transport that implements drove-collective's
+//! [`Collective`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::clock::Deadlines;
-use crate::desc::{OpDesc, OpKind};
-use crate::dtype::{Buffer, DType, ReduceOp, TensorMut, TensorRef, scale_bytes};
-use crate::engine::{Engine, Reduction, split};
-use crate::error::CommError;
+use drove_collective::reduce::{scale_bytes, split_rows as split};
+use drove_collective::{
+    Buffer, Collective, CommError, DType, Gathered, OpDesc, OpKind, Pending, ReduceOptions, TensorMut,
+    TensorRef, scale_problem, shape_problem,
+};
+
+use crate::engine::{Engine, Reduction};
 use crate::liveness::{DEFAULT_HANG_LIMIT, Liveness};
 use crate::mesh::Mesh;
-use crate::place::Place;
 use crate::profile::{RingProfile, RingStep};
 use crate::rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
-use crate::spec::OpSpec;
-
-/// How an all-reduce or reduce-scatter combines values.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ReduceOptions {
-    /// The combining op.
-    pub op: ReduceOp,
-    /// Factor applied to each rank's input before reducing (floats only).
-    pub prescale: f64,
-    /// Factor applied to the result (floats only).
-    pub postscale: f64,
-}
-
-impl ReduceOptions {
-    /// `op` without scaling.
-    pub fn new(op: ReduceOp) -> Self {
-        ReduceOptions { op, prescale: 1.0, postscale: 1.0 }
-    }
-    /// Sum.
-    pub fn sum() -> Self {
-        Self::new(ReduceOp::Sum)
-    }
-    /// Average.
-    pub fn average() -> Self {
-        Self::new(ReduceOp::Average)
-    }
-    /// With a pre-scale factor.
-    pub fn prescale(mut self, factor: f64) -> Self {
-        self.prescale = factor;
-        self
-    }
-    /// With a post-scale factor.
-    pub fn postscale(mut self, factor: f64) -> Self {
-        self.postscale = factor;
-        self
-    }
-}
-
-impl Default for ReduceOptions {
-    fn default() -> Self {
-        Self::sum()
-    }
-}
-
-/// The result of an all-gather: every rank's tensor, concatenated on the first
-/// dimension in rank order.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Gathered {
-    /// The elements.
-    pub data: Buffer,
-    /// Each rank's first dimension.
-    pub first_dims: Vec<usize>,
-    /// The shape of `data`.
-    pub shape: Vec<usize>,
-}
-
-/// An op in flight; `wait` for its result.
-#[must_use = "an async op must be waited on"]
-pub struct Pending<T> {
-    rx: Receiver<Result<T, CommError>>,
-}
-
-impl<T> Pending<T> {
-    /// A result that is already there.
-    pub fn ready(result: Result<T, CommError>) -> Self {
-        let (tx, rx) = channel();
-        let _ = tx.send(result);
-        Pending { rx }
-    }
-
-    /// Blocks until the op completes.
-    pub fn wait(self) -> Result<T, CommError> {
-        self.rx.recv().unwrap_or_else(|_| {
-            Err(CommError::Broken { cause: "the communicator was dropped before the op ran".into() })
-        })
-    }
-
-    /// The result if the op has completed, else the handle back.
-    pub fn try_wait(self) -> Result<Result<T, CommError>, Self> {
-        match self.rx.try_recv() {
-            Ok(r) => Ok(r),
-            Err(std::sync::mpsc::TryRecvError::Empty) => Err(self),
-            Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                Ok(Err(CommError::Broken { cause: "the communicator was dropped before the op ran".into() }))
-            }
-        }
-    }
-}
-
-/// Collective operations across the ranks of a data-parallel job: the one seam
-/// between a trainer and its transport.
-///
-/// Every op is checked across ranks before data moves: name, dtype, shape, reduce
-/// op, scale factors and root must agree, or every rank gets the same
-/// [`CommError::Mismatch`] and the communicator stays usable. Ops must be called
-/// in the same order on every rank.
-pub trait Collective: Send + Sync {
-    /// This rank, in `0..world_size()`.
-    fn rank(&self) -> usize;
-    /// Number of ranks.
-    fn world_size(&self) -> usize;
-    /// In-place all-reduce.
-    fn all_reduce(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: TensorMut<'_>,
-        opts: ReduceOptions,
-    ) -> Result<(), CommError>;
-    /// In-place broadcast from `root`; the root's tensor is not modified.
-    fn broadcast(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: TensorMut<'_>,
-        root: usize,
-    ) -> Result<(), CommError>;
-    /// Gathers every rank's tensor; first dimensions may differ, the rest must agree.
-    fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError>;
-    /// Reduces across ranks and returns this rank's slice of the first dimension
-    /// (split as evenly as possible, lower ranks taking one more row).
-    fn reduce_scatter(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: TensorRef<'_>,
-        opts: ReduceOptions,
-    ) -> Result<Gathered, CommError>;
-    /// Waits until every rank reaches the barrier.
-    fn barrier(&self, name: &str) -> Result<(), CommError>;
-
-    /// How the ranks' bytes move, for reports: `"shm"`, `"hierarchical"` or `"tcp"` for a
-    /// [`Communicator`], `"none"` by default (one rank, or a collective
-    /// that does not say).
-    fn transport(&self) -> &'static str {
-        "none"
-    }
-
-    /// Checks that every rank is about to run the op `spec` describes, without
-    /// moving its data: the description exchange every op of this trait starts
-    /// with, for a backend whose data moves elsewhere (NCCL on a GPU). On a
-    /// mismatch every rank gets the same [`CommError::Mismatch`] (or
-    /// [`CommError::Invalid`] naming the ranks whose `problem` is set).
-    ///
-    /// The default gathers the encoded descriptions with [`Collective::all_gather`];
-    /// the CPU communicator sends them as its own ops do, in one exchange.
-    fn agree(&self, spec: &OpSpec) -> Result<(), CommError> {
-        let mut mine = spec.desc();
-        mine.seq = 0;
-        let encoded = mine.encode();
-        let mut words = vec![0i32; encoded.len().div_ceil(4) + 1];
-        words[0] = encoded.len() as i32;
-        bytemuck::cast_slice_mut::<i32, u8>(&mut words[1..])[..encoded.len()].copy_from_slice(&encoded);
-        let gathered = self.all_gather(
-            &format!("agree {}", spec.label()),
-            &[words.len()],
-            crate::Element::tensor_ref(&words[..]),
-        )?;
-        let all: Vec<i32> = <i32 as crate::Element>::from_buffer(gathered.data).ok_or_else(|| {
-            CommError::Invalid { op: spec.label(), message: "the gathered descriptions are not i32".into() }
-        })?;
-        let mut descs = Vec::with_capacity(gathered.first_dims.len());
-        let mut at = 0;
-        for (r, &n) in gathered.first_dims.iter().enumerate() {
-            let words = &all[at..at + n];
-            at += n;
-            let len = words.first().copied().unwrap_or(0).max(0) as usize;
-            let bytes: &[u8] = bytemuck::cast_slice(&words[1..]);
-            let d = bytes.get(4..len).and_then(OpDesc::decode).ok_or_else(|| CommError::PeerLost {
-                op: spec.label(),
-                ranks: vec![r],
-                detail: "sent an op description that does not decode (a different drove version?)".into(),
-            })?;
-            descs.push(d);
-        }
-        crate::desc::check(&descs)
-    }
-
-    /// All-reduce of an owned buffer, returning at once; the default runs it now.
-    fn all_reduce_async(
-        &self,
-        name: &str,
-        shape: &[usize],
-        mut data: Buffer,
-        opts: ReduceOptions,
-    ) -> Pending<Buffer> {
-        Pending::ready(self.all_reduce(name, shape, data.as_mut(), opts).map(|()| data))
-    }
-
-    /// Broadcast of an owned buffer, returning at once; the default runs it now.
-    fn broadcast_async(&self, name: &str, shape: &[usize], mut data: Buffer, root: usize) -> Pending<Buffer> {
-        Pending::ready(self.broadcast(name, shape, data.as_mut(), root).map(|()| data))
-    }
-}
+use drove_collective::Place;
 
 /// Which transport carries the data. A host is a kernel and a network
 /// namespace (or `DROVE_HOST_ID`, where set).
@@ -396,47 +206,8 @@ pub struct Communicator {
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
-fn product(shape: &[usize]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))
-}
-
-fn shape_problem(shape: &[usize], len: usize) -> Option<String> {
-    match product(shape) {
-        Some(n) if n == len => None,
-        Some(n) => Some(format!("shape {shape:?} holds {n} elements but the tensor has {len}")),
-        None => Some(format!("shape {shape:?} overflows")),
-    }
-}
-
-fn scale_problem(dtype: DType, opts: &ReduceOptions) -> Option<String> {
-    if !dtype.is_float() && (opts.prescale != 1.0 || opts.postscale != 1.0) {
-        return Some(format!(
-            "scale factors apply to floating-point tensors only (found {dtype} with prescale {} and postscale {})",
-            opts.prescale, opts.postscale
-        ));
-    }
-    if !opts.prescale.is_finite() || !opts.postscale.is_finite() {
-        return Some(format!(
-            "scale factors must be finite (prescale {}, postscale {})",
-            opts.prescale, opts.postscale
-        ));
-    }
-    None
-}
-
 fn desc(kind: OpKind, name: &str, dtype: DType, shape: &[usize]) -> OpDesc {
-    OpDesc {
-        seq: 0,
-        kind,
-        name: name.to_string(),
-        dtype,
-        shape: shape.iter().map(|&d| d as u64).collect(),
-        reduce: None,
-        prescale: 1.0,
-        postscale: 1.0,
-        root: 0,
-        problem: String::new(),
-    }
+    OpDesc::new(kind, name, dtype, shape)
 }
 
 impl Communicator {
@@ -462,7 +233,7 @@ impl Communicator {
     /// Connects to the peers of `table` (this rank's listener already bound
     /// at its address there), as world `generation` of an elastic run (0: a
     /// fixed world): peers greeting from another generation are refused.
-    pub(crate) fn with_table(
+    pub fn with_table(
         listener: std::net::TcpListener,
         table: &PeerTable,
         generation: u64,
@@ -496,16 +267,13 @@ impl Communicator {
         Ok(Communicator { shared, jobs: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)) })
     }
 
-    /// Connects using the environment: `DROVE_COORDINATOR` (with the
-    /// `coordinator` feature) if set, else `DROVE_RENDEZVOUS_DIR` (a shared
-    /// directory), else `DROVE_PEERS` or `DROVE_PEERS_FILE`; options from
-    /// [`CommOptions::from_env`].
+    /// Connects using the environment: `DROVE_RENDEZVOUS_DIR` (a shared
+    /// directory) if set, else `DROVE_PEERS` or `DROVE_PEERS_FILE`; options
+    /// from [`CommOptions::from_env`]. (Through a coordinator:
+    /// drove-control's `CoordinatorRendezvous`, which drove-launch builds
+    /// from `DROVE_COORDINATOR`.)
     pub fn from_env() -> Result<Communicator, CommError> {
         let opts = CommOptions::from_env()?;
-        #[cfg(feature = "coordinator")]
-        if std::env::var_os("DROVE_COORDINATOR").is_some() {
-            return Self::connect(&crate::coordinator::CoordinatorRendezvous::from_env()?, opts);
-        }
         if std::env::var_os("DROVE_RENDEZVOUS_DIR").is_some() {
             Self::connect(&FileRendezvous::from_env()?, opts)
         } else {
@@ -558,12 +326,8 @@ impl Communicator {
         opts: ReduceOptions,
     ) -> Result<(), CommError> {
         let dtype = data.dtype();
-        let mut d = desc(OpKind::AllReduce, name, dtype, shape);
-        d.reduce = Some(opts.op);
-        d.prescale = opts.prescale;
-        d.postscale = opts.postscale;
-        d.problem =
-            shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts)).unwrap_or_default();
+        let problem = shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts));
+        let d = desc(OpKind::AllReduce, name, dtype, shape).reducing(opts).with_problem(problem);
         let (mut clock, _) = engine.begin(d)?;
         let bytes = data.bytes_mut();
         if dtype.is_float() {
@@ -580,13 +344,10 @@ impl Communicator {
         root: usize,
     ) -> Result<(), CommError> {
         let world = engine.world();
-        let mut d = desc(OpKind::Broadcast, name, data.dtype(), shape);
-        d.root = root as u32;
-        d.problem = shape_problem(shape, data.len())
-            .or_else(|| {
-                (root >= world).then(|| format!("root {root} is out of range for world size {world}"))
-            })
-            .unwrap_or_default();
+        let problem = shape_problem(shape, data.len()).or_else(|| {
+            (root >= world).then(|| format!("root {root} is out of range for world size {world}"))
+        });
+        let d = desc(OpKind::Broadcast, name, data.dtype(), shape).from_root(root).with_problem(problem);
         let (mut clock, _) = engine.begin(d)?;
         engine.broadcast(data.bytes_mut(), root, &mut clock)
     }
@@ -631,16 +392,16 @@ impl Collective for Communicator {
         let t = self.shared.ticket();
         self.shared.run(t, |engine| {
             let dtype = data.dtype();
-            let mut d = desc(OpKind::AllGather, name, dtype, shape);
-            d.problem = if shape.is_empty() {
-                "all_gather needs a tensor with at least one dimension".into()
+            let problem = if shape.is_empty() {
+                Some("all_gather needs a tensor with at least one dimension".into())
             } else {
-                shape_problem(shape, data.len()).unwrap_or_default()
+                shape_problem(shape, data.len())
             };
+            let d = desc(OpKind::AllGather, name, dtype, shape).with_problem(problem);
             let (mut clock, all) = engine.begin(d)?;
             let counts: Vec<usize> =
-                all.iter().map(|d| d.shape.iter().product::<u64>() as usize * dtype.size()).collect();
-            let first_dims: Vec<usize> = all.iter().map(|d| d.shape[0] as usize).collect();
+                all.iter().map(|d| d.shape.iter().product::<usize>() * dtype.size()).collect();
+            let first_dims: Vec<usize> = all.iter().map(|d| d.shape[0]).collect();
             let mut out = Buffer::zeros(dtype, counts.iter().sum::<usize>() / dtype.size());
             engine.all_gather(data.bytes(), &counts, out.bytes_mut(), &mut clock)?;
             let mut out_shape = shape.to_vec();
@@ -660,15 +421,12 @@ impl Collective for Communicator {
         self.shared.run(t, |engine| {
             let dtype = data.dtype();
             let world = engine.world();
-            let mut d = desc(OpKind::ReduceScatter, name, dtype, shape);
-            d.reduce = Some(opts.op);
-            d.prescale = opts.prescale;
-            d.postscale = opts.postscale;
-            d.problem = if shape.is_empty() {
-                "reduce_scatter needs a tensor with at least one dimension".into()
+            let problem = if shape.is_empty() {
+                Some("reduce_scatter needs a tensor with at least one dimension".into())
             } else {
-                shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts)).unwrap_or_default()
+                shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts))
             };
+            let d = desc(OpKind::ReduceScatter, name, dtype, shape).reducing(opts).with_problem(problem);
             let (mut clock, _) = engine.begin(d)?;
             let row: usize = shape[1..].iter().product();
             let rows = split(shape[0], world);
@@ -693,9 +451,9 @@ impl Collective for Communicator {
         self.shared.run(t, |e| e.begin(desc(OpKind::Barrier, name, DType::I32, &[])).map(|_| ()))
     }
 
-    fn agree(&self, spec: &OpSpec) -> Result<(), CommError> {
+    fn agree(&self, desc: &OpDesc) -> Result<(), CommError> {
         let t = self.shared.ticket();
-        self.shared.run(t, |e| e.begin(spec.desc()).map(|_| ()))
+        self.shared.run(t, |e| e.begin(desc.clone()).map(|_| ()))
     }
 
     fn all_reduce_async(
@@ -724,7 +482,7 @@ impl Communicator {
         op: impl FnOnce(&mut Engine, &mut Buffer) -> Result<(), CommError> + Send + 'static,
     ) -> Pending<Buffer> {
         let t = self.shared.ticket();
-        let (tx, rx) = channel();
+        let (tx, pending) = Pending::channel();
         let shared = Arc::clone(&self.shared);
         let job: Job = Box::new(move || {
             let r = shared.run(t, |e| op(e, &mut data));
@@ -733,7 +491,7 @@ impl Communicator {
         if let Err(e) = self.submit(job) {
             return Pending::ready(Err(e));
         }
-        Pending { rx }
+        pending
     }
 }
 
@@ -754,78 +512,5 @@ impl Drop for Communicator {
                 tracing::debug!("leaving the communicator: {err}");
             }
         });
-    }
-}
-
-/// A world of one: every op is local. For single-process runs and tests.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SingleProcess;
-
-impl Collective for SingleProcess {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn world_size(&self) -> usize {
-        1
-    }
-    fn all_reduce(
-        &self,
-        name: &str,
-        shape: &[usize],
-        mut data: TensorMut<'_>,
-        opts: ReduceOptions,
-    ) -> Result<(), CommError> {
-        let dtype = data.dtype();
-        if let Some(problem) = shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts)) {
-            return Err(CommError::Invalid { op: format!("all_reduce {name:?}"), message: problem });
-        }
-        if dtype.is_float() {
-            let bytes = data.bytes_mut();
-            scale_bytes(dtype, opts.prescale, bytes);
-            crate::dtype::finish(dtype, opts.op, 1, opts.postscale, bytes);
-        }
-        Ok(())
-    }
-    fn broadcast(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: TensorMut<'_>,
-        root: usize,
-    ) -> Result<(), CommError> {
-        if let Some(problem) = shape_problem(shape, data.len()) {
-            return Err(CommError::Invalid { op: format!("broadcast {name:?}"), message: problem });
-        }
-        if root != 0 {
-            return Err(CommError::Invalid {
-                op: format!("broadcast {name:?}"),
-                message: format!("root {root} is out of range for world size 1"),
-            });
-        }
-        Ok(())
-    }
-    fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError> {
-        if let Some(problem) =
-            shape_problem(shape, data.len()).or_else(|| shape.is_empty().then(|| "needs a dimension".into()))
-        {
-            return Err(CommError::Invalid { op: format!("all_gather {name:?}"), message: problem });
-        }
-        let mut out = Buffer::zeros(data.dtype(), data.len());
-        out.bytes_mut().copy_from_slice(data.bytes());
-        Ok(Gathered { data: out, first_dims: vec![shape[0]], shape: shape.to_vec() })
-    }
-    fn reduce_scatter(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: TensorRef<'_>,
-        opts: ReduceOptions,
-    ) -> Result<Gathered, CommError> {
-        let mut g = self.all_gather(name, shape, data)?;
-        self.all_reduce(name, shape, g.data.as_mut(), opts)?;
-        Ok(g)
-    }
-    fn barrier(&self, _name: &str) -> Result<(), CommError> {
-        Ok(())
     }
 }

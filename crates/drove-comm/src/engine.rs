@@ -5,14 +5,13 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, Deadlines};
-use crate::desc::{OpDesc, check};
-use crate::dtype::{Combine, DType, ReduceOp, combine_bytes, combine_many, finish};
-use crate::error::CommError;
 use crate::hierarchical::HostGroup;
 use crate::hosts::Layout;
 use crate::mesh::{Inbox, MAX_READ, Mesh};
 use crate::profile::{ExchangeTimes, RingProfile};
 use crate::shm::Shm;
+use drove_collective::reduce::{Combine, combine_bytes, combine_many, finish, split_rows as split};
+use drove_collective::{CommError, DType, OpDesc, ReduceOp, agree as check};
 
 /// Everything one op needs to know about the reduction.
 #[derive(Clone, Copy, Debug)]
@@ -156,20 +155,6 @@ pub(crate) struct Engine {
     scratch: Vec<u64>,
     /// The ring's profile, while it is taken.
     pub profile: Option<RingProfile>,
-}
-
-/// Splits `n` items into `parts` contiguous ranges, the first `n % parts` one longer.
-pub(crate) fn split(n: usize, parts: usize) -> Vec<Range<usize>> {
-    let (base, extra) = (n / parts, n % parts);
-    let mut start = 0;
-    (0..parts)
-        .map(|i| {
-            let len = base + usize::from(i < extra);
-            let r = start..start + len;
-            start += len;
-            r
-        })
-        .collect()
 }
 
 fn scale(r: &Range<usize>, by: usize) -> Range<usize> {

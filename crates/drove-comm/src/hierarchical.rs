@@ -20,10 +20,10 @@
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::dtype::finish;
 use crate::engine::{Deliver, Engine, Reduction, Ring, Staged};
-use crate::error::CommError;
 use crate::shm::Shm;
+use drove_collective::CommError;
+use drove_collective::reduce::finish;
 
 /// How long past the op's deadline a rank waits for its host's leader.
 pub(crate) const LEADER_GRACE: Duration = Duration::from_secs(2);

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, Deadlines};
 use crate::comm::{CommOptions, Transport};
-use crate::error::CommError;
 use crate::hierarchical::HostGroup;
 use crate::mesh::Mesh;
 use crate::shm::{MAX_RANKS, Shm};
+use drove_collective::CommError;
 
 /// The longest host id, in bytes (the greeting's limit).
 pub(crate) const MAX_HOST_ID: usize = 256;

@@ -39,43 +39,25 @@
 
 mod clock;
 mod comm;
-#[cfg(feature = "coordinator")]
-mod coordinator;
-mod desc;
-mod dtype;
-mod elastic;
-#[cfg(feature = "coordinator")]
-mod elastic_comm;
 mod engine;
-mod error;
-pub mod fusion;
 mod hierarchical;
 mod hosts;
 mod liveness;
 mod mesh;
-mod place;
 mod profile;
 mod rendezvous;
 mod shm;
-mod spec;
 
-pub use comm::{
-    Collective, CommOptions, Communicator, Gathered, Pending, ReduceOptions, SingleProcess, Transport,
-};
-#[cfg(feature = "coordinator")]
-pub use coordinator::CoordinatorRendezvous;
-pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
-pub use elastic::{Elastic, Loss, MemberId, ReformCause, World, WorldRange};
-#[cfg(feature = "coordinator")]
-pub use elastic_comm::{
-    DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership, SILENT_AFTER_BEATS,
-};
-pub use error::CommError;
-pub use half::{bf16, f16};
+pub use comm::{CommOptions, Communicator, Transport};
 pub use liveness::{DEFAULT_HANG_LIMIT, Liveness};
-pub use place::{Place, PlaceError, Rank, WorldSize};
 pub use profile::RingStep;
 pub use rendezvous::{
     FileRendezvous, PeerTable, RankRequest, Rendezvous, StaticRendezvous, launch_env, launch_vars,
 };
-pub use spec::{OpSpec, SpecKind};
+// The seam this transport implements, re-exported so a program that opens a
+// communicator needs one import path.
+pub use drove_collective::{
+    Buffer, Collective, CommError, DType, Elastic, Element, Gathered, Loss, MemberId, OpDesc, OpKind,
+    Pending, Place, PlaceError, Rank, ReduceOp, ReduceOptions, ReformCause, SingleProcess, TensorMut,
+    TensorRef, World, WorldRange, WorldSize, bf16, f16, fusion,
+};

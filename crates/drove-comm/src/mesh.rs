@@ -9,9 +9,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
-use crate::error::CommError;
 use crate::hosts::MAX_HOST_ID;
 use crate::profile::ExchangeTimes;
+use drove_collective::CommError;
 
 const MAGIC: u64 = 0x6472_6f76_6532_0002; // "drove2" + protocol version 2 (the greeting carries the generation)
 

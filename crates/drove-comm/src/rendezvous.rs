@@ -6,8 +6,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::error::CommError;
-use crate::place::{Place, PlaceError, Rank, WorldSize};
+use drove_collective::CommError;
+use drove_collective::{Place, PlaceError, Rank, WorldSize};
 
 /// Every rank's data-plane address, and which one is this rank: its place is
 /// in a world of as many ranks as there are addresses.

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use memmap2::MmapMut;
 
 use crate::clock::Clock;
-use crate::error::CommError;
 use crate::mesh::Mesh;
+use drove_collective::CommError;
 
 const LINE: usize = 64;
 /// Counters (one line per rank, then the sleepers' line) in the first half,

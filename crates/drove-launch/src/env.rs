@@ -63,6 +63,12 @@ pub mod var {
     /// The port rank 0 serves the coordinator on in a Slurm step (default
     /// 29400 plus the job id modulo 1000).
     pub const COORDINATOR_PORT: &str = "DROVE_COORDINATOR_PORT";
+    /// How often a joined rank tells the coordinator it is alive, in
+    /// seconds (0: never; default 2).
+    pub const HEARTBEAT_SECS: &str = "DROVE_HEARTBEAT_SECS";
+    /// The data plane's listen address (default: the address that routes to
+    /// the coordinator, any port).
+    pub const BIND: &str = "DROVE_BIND";
     /// torchrun's and PyTorchJob's meeting host: rank 0 serves the
     /// coordinator at `MASTER_ADDR:MASTER_PORT`.
     pub const MASTER_ADDR: &str = "MASTER_ADDR";
@@ -139,6 +145,11 @@ pub struct LaunchEnv {
     pub settle: Option<Duration>,
     /// `DROVE_RENDEZVOUS_TIMEOUT_SECS`, if set.
     pub rendezvous_timeout: Option<Duration>,
+    /// `DROVE_HEARTBEAT_SECS`: how often a joined rank beats (`None`:
+    /// never); [`drove_control::DEFAULT_HEARTBEAT`] when unset.
+    pub heartbeat: Option<Duration>,
+    /// `DROVE_BIND`, if set.
+    pub bind: Option<std::net::SocketAddr>,
 }
 
 impl LaunchEnv {
@@ -223,6 +234,12 @@ impl LaunchEnv {
             job_index: read.number(var::JOB_COMPLETION_INDEX)?,
             settle: read.seconds(var::SETTLE_SECS)?,
             rendezvous_timeout: read.seconds(var::RENDEZVOUS_TIMEOUT_SECS)?,
+            heartbeat: match read.seconds(var::HEARTBEAT_SECS)? {
+                None => Some(drove_control::DEFAULT_HEARTBEAT),
+                Some(every) if every.is_zero() => None,
+                Some(every) => Some(every),
+            },
+            bind: read.address(var::BIND)?,
         })
     }
 
@@ -295,6 +312,18 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
                     value: v,
                     expected: "a number of seconds (at least 0)",
                 }),
+            })
+            .transpose()
+    }
+
+    fn address(&self, name: &'static str) -> Result<Option<std::net::SocketAddr>, EnvError> {
+        self.text(name)
+            .map(|v| {
+                v.trim().parse().map_err(|_| EnvError::Malformed {
+                    var: name,
+                    value: v,
+                    expected: "an address",
+                })
             })
             .transpose()
     }
@@ -456,6 +485,8 @@ mod tests {
             assert!(e.contains(name), "{e}");
         };
         bad(&[(var::RESTART_COUNT, "two")], "DROVE_RESTART_COUNT=\"two\"");
+        bad(&[(var::HEARTBEAT_SECS, "often")], "DROVE_HEARTBEAT_SECS=\"often\"");
+        bad(&[(var::BIND, "here")], "DROVE_BIND=\"here\"");
         bad(&[(var::LOCAL_RANK, "-1")], "DROVE_LOCAL_RANK=\"-1\"");
         bad(&[(var::PROGRESS, "bar")], "DROVE_PROGRESS=\"bar\"");
         bad(&[(var::COORDINATOR, "c:1")], "DROVE_WORLD_SIZE");

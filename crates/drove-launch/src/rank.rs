@@ -13,9 +13,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drove_comm::{
-    Collective, CommOptions, Communicator, CoordinatorRendezvous, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE,
-    ElasticComm, MemberId, Membership, RankRequest, SingleProcess, WorldRange,
+use drove_comm::{Collective, CommOptions, Communicator, MemberId, RankRequest, SingleProcess, WorldRange};
+use drove_control::{
+    CoordinatorRendezvous, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership,
 };
 use drove_metrics::{Delivery, MetricsRecorder, RecorderOptions};
 
@@ -58,9 +58,26 @@ impl LaunchEnv {
             LaunchError::Spec(format!("no coordinator to meet at: set {}", var::COORDINATOR))
         })?;
         let run_id = self.run_id.as_deref().unwrap_or(DEFAULT_RUN_ID);
-        let rendezvous = CoordinatorRendezvous::from_env_with(addr, run_id, request)?;
         let served = self.coordinator_source.is_some_and(|s| s.served_by_rank_0());
-        Ok(rendezvous.waiting_for_coordinator(served))
+        Ok(self.rendezvous_at(addr, run_id, request)?.waiting_for_coordinator(served))
+    }
+
+    /// The rendezvous at the coordinator `addr` for `run_id` and `request`,
+    /// with this environment's token, heartbeat, restart count and bind
+    /// address.
+    pub fn rendezvous_at(
+        &self,
+        addr: &str,
+        run_id: &str,
+        request: RankRequest,
+    ) -> Result<CoordinatorRendezvous, LaunchError> {
+        let rendezvous = CoordinatorRendezvous::new(addr, run_id, request, self.token.as_deref())?
+            .heartbeat(self.heartbeat)
+            .restart_count(self.restart_count);
+        Ok(match self.bind {
+            Some(bind) => rendezvous.bind(bind),
+            None => rendezvous,
+        })
     }
 
     /// On rank 0, when the launcher named a place for the coordinator but
@@ -131,7 +148,7 @@ impl LaunchEnv {
         };
         let run_id = self.run_id.as_deref().unwrap_or(DEFAULT_RUN_ID);
         let request = RankRequest::Any(range.max());
-        let rendezvous = CoordinatorRendezvous::from_env_with(addr, run_id, request)?;
+        let rendezvous = self.rendezvous_at(addr, run_id, request)?;
         let membership = Membership {
             member: MemberId::new(self.member())?,
             range,

@@ -4,7 +4,7 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use drove_comm::{Collective, CommError, DType, Element, OpSpec, ReduceOptions, SpecKind};
+use drove_collective::{Collective, CommError, DType, Element, OpDesc, OpKind, ReduceOptions};
 
 use crate::device::{Call, Device, DeviceError, UniqueId};
 
@@ -168,7 +168,7 @@ impl<D: Device> DeviceComm<D> {
         data: DeviceSlice,
         opts: ReduceOptions,
     ) -> Result<(), Error> {
-        let mut spec = OpSpec::new(SpecKind::AllReduce, name, data.dtype, &[data.len]).reducing(opts);
+        let mut spec = OpDesc::new(OpKind::AllReduce, name, data.dtype, &[data.len]).reducing(opts);
         spec.problem = scale_problem(&opts);
         let call = Call::AllReduce {
             send: data.ptr,
@@ -192,7 +192,7 @@ impl<D: Device> DeviceComm<D> {
         data: DeviceSlice,
         root: usize,
     ) -> Result<(), Error> {
-        let mut spec = OpSpec::new(SpecKind::Broadcast, name, data.dtype, &[data.len]).from_root(root);
+        let mut spec = OpDesc::new(OpKind::Broadcast, name, data.dtype, &[data.len]).from_root(root);
         spec.problem = (root >= self.world)
             .then(|| format!("root {root} is out of range for world size {}", self.world));
         let call =
@@ -213,7 +213,7 @@ impl<D: Device> DeviceComm<D> {
         send: DeviceSlice,
         recv: DeviceSlice,
     ) -> Result<(), Error> {
-        let mut spec = OpSpec::new(SpecKind::AllGather, name, send.dtype, &[1, send.len]);
+        let mut spec = OpDesc::new(OpKind::AllGather, name, send.dtype, &[1, send.len]);
         spec.problem = pair_problem(send, recv, send.len.checked_mul(self.world), "world x the input");
         let call = Call::AllGather { send: send.ptr, recv: recv.ptr, count: send.len, dtype: send.dtype };
         // SAFETY: the caller's promise about both slices.
@@ -233,7 +233,7 @@ impl<D: Device> DeviceComm<D> {
         recv: DeviceSlice,
         opts: ReduceOptions,
     ) -> Result<(), Error> {
-        let mut spec = OpSpec::new(SpecKind::ReduceScatter, name, send.dtype, &[send.len]).reducing(opts);
+        let mut spec = OpDesc::new(OpKind::ReduceScatter, name, send.dtype, &[send.len]).reducing(opts);
         spec.problem = scale_problem(&opts)
             .or_else(|| pair_problem(recv, send, recv.len.checked_mul(self.world), "world x the output"));
         let call = Call::ReduceScatter {
@@ -249,13 +249,13 @@ impl<D: Device> DeviceComm<D> {
 
     /// Waits until every rank's device reaches the barrier.
     pub fn barrier(&self, mesh: &dyn Collective, name: &str) -> Result<(), Error> {
-        let spec = OpSpec::new(SpecKind::Barrier, name, DType::I32, &[]);
+        let spec = OpDesc::new(OpKind::Barrier, name, DType::I32, &[]);
         // SAFETY: a barrier names no caller memory.
         unsafe { self.run(mesh, spec, Call::Barrier) }
     }
 
     /// Agreement, launch, and a bounded wait.
-    unsafe fn run(&self, mesh: &dyn Collective, spec: OpSpec, call: Call) -> Result<(), Error> {
+    unsafe fn run(&self, mesh: &dyn Collective, spec: OpDesc, call: Call) -> Result<(), Error> {
         let mut inner = self.lock();
         if let Some(cause) = &inner.broken {
             return Err(CommError::Broken { cause: cause.clone() }.into());

@@ -3,7 +3,7 @@
 //! above it (the id exchange, the description check, the deadline and the
 //! abort) is the same code on both.
 
-use drove_comm::{DType, ReduceOp};
+use drove_collective::{DType, ReduceOp};
 
 /// The 128-byte id that joins the ranks of one communicator (NCCL's
 /// `ncclUniqueId`). Rank 0 creates it; the others receive it over the CPU mesh.

@@ -4,7 +4,7 @@
 //! aborted (never finalized: its peers may be gone), the new world's rank 0
 //! creates a new unique id, and every member joins with a fresh device.
 
-use drove_comm::{Collective, Place};
+use drove_collective::{Collective, Place};
 
 use crate::comm::{DeviceComm, DeviceOptions, Error};
 use crate::device::{Device, DeviceError};
@@ -17,7 +17,7 @@ pub type MakeDevice<D> = Box<dyn FnMut(Place) -> Result<D, DeviceError> + Send>;
 /// generation, made when the member first asks for that generation's.
 ///
 /// ```no_run
-/// # use drove_comm::Collective;
+/// # use drove_collective::Collective;
 /// # use drove_nccl::{DeviceOptions, ElasticDevice, LoopbackWorld};
 /// # fn run(mesh: &dyn Collective, generation: u64) -> Result<(), drove_nccl::Error> {
 /// # let mut devices = LoopbackWorld::new(1).1;

@@ -8,7 +8,7 @@
 //!
 //! - **Agreement before data**: each op's description (name, dtype, shape, op,
 //!   root) is checked across ranks over the CPU mesh first
-//!   ([`drove_comm::Collective::agree`]); a mismatch fails every rank with the
+//!   ([`drove_collective::Collective::agree`]); a mismatch fails every rank with the
 //!   same named error and the device is never touched.
 //! - **Deadlines**: the NCCL communicator is non-blocking and polled; past the
 //!   deadline it is aborted (`ncclCommAbort`) and the error is the CPU
@@ -25,7 +25,7 @@
 //! tested on machines without one.
 //!
 //! ```no_run
-//! use drove_comm::{Collective, Communicator, DType, ReduceOptions};
+//! use drove_collective::{Collective, Communicator, DType, ReduceOptions};
 //! use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, LoopbackWorld};
 //!
 //! let mesh = Communicator::from_env()?;

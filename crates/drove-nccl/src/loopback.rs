@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use drove_comm::{DType, ReduceOp, bf16, f16};
+use drove_collective::{DType, ReduceOp, bf16, f16};
 
 use crate::device::{Call, Device, DeviceError, UniqueId};
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result as cu, sys as cusys};
 use cudarc::nccl::{result as nccl, sys};
-use drove_comm::{DType, ReduceOp};
+use drove_collective::{DType, ReduceOp};
 
 use crate::device::{Call, Device, DeviceError, UniqueId};
 

@@ -7,8 +7,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use drove_comm::{
-    Collective, CommError, CommOptions, Communicator, DType, FileRendezvous, OpSpec, ReduceOp, ReduceOptions,
-    SpecKind,
+    Collective, CommError, CommOptions, Communicator, DType, FileRendezvous, OpDesc, OpKind, ReduceOp,
+    ReduceOptions,
 };
 use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, Error, Loopback, LoopbackWorld};
 
@@ -143,7 +143,7 @@ fn a_rank_that_hangs_after_agreeing_is_named_and_the_others_abort_within_the_dea
             // The hung rank: it agrees to the op, then never launches it nor
             // answers the mesh (as a rank stopped inside a kernel would).
             let spec =
-                OpSpec::new(SpecKind::AllReduce, "grad", DType::F32, &[4]).reducing(ReduceOptions::sum());
+                OpDesc::new(OpKind::AllReduce, "grad", DType::F32, &[4]).reducing(ReduceOptions::sum());
             mesh.agree(&spec).unwrap();
             release_rx.lock().unwrap().recv().unwrap();
             return None;
@@ -253,7 +253,7 @@ fn the_default_agreement_of_any_collective_finds_the_same_mismatch() {
     let (_, out) = world(3, Duration::from_secs(20), |rank, mesh, _| {
         let forward = Forward(mesh);
         let spec = |n: usize| {
-            OpSpec::new(SpecKind::AllReduce, "grad", DType::F32, &[n]).reducing(ReduceOptions::sum())
+            OpDesc::new(OpKind::AllReduce, "grad", DType::F32, &[n]).reducing(ReduceOptions::sum())
         };
         let mismatch = forward.agree(&spec(if rank == 2 { 8 } else { 4 })).map_err(|e| e.to_string());
         let fine = forward.agree(&spec(4)).map_err(|e| e.to_string());

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use burn::backend::{Autodiff, Flex};
 use drove_bert::BertConfig;
-use drove_comm::SingleProcess;
+use drove_collective::SingleProcess;
 use drove_ner::{NerOptions, Quiet, train_ner};
 
 const WORDS: [&str; 8] = ["john", "lives", "in", "paris", "mary", "visits", "london", "today"];

@@ -3,7 +3,7 @@
 
 use drove_collate::Batch;
 use drove_collate::diag::{AgreementAccumulator, AgreementReport, RowMasks};
-use drove_comm::{Buffer, Collective, Element};
+use drove_collective::{Buffer, Collective, Element};
 use drove_train::flat::cosine;
 
 use crate::{NerError, NerOptions, Observer};

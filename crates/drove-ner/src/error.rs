@@ -42,7 +42,7 @@ pub enum NerError {
     Collate(#[from] drove_collate::CollateError),
     /// A collective failed (a rank died or disagreed).
     #[error(transparent)]
-    Comm(#[from] drove_comm::CommError),
+    Comm(#[from] drove_collective::CommError),
     /// A step failed.
     #[error(transparent)]
     Train(#[from] drove_train::TrainError),

@@ -5,7 +5,7 @@ use burn::tensor::backend::Backend;
 use drove_bert::BertForTokenClassification;
 use drove_collate::entities::EntityCounts;
 use drove_collate::{Collator, Example, LabelSet, Padding};
-use drove_comm::{Buffer, Collective, Element, ReduceOptions};
+use drove_collective::{Buffer, Collective, Element, ReduceOptions};
 
 use crate::NerError;
 use crate::data::{EvalSet, batch_tensors};

@@ -10,7 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 use drove_bert::BertForTokenClassification;
 use drove_collate::diag::Verdict;
 use drove_collate::{Batch, Loader};
-use drove_comm::{Collective, Elastic, Element, ReduceOptions};
+use drove_collective::{Collective, Elastic, Element, ReduceOptions};
 use drove_seed::StreamKey;
 use drove_train::Replica;
 use drove_train::checkpoint::{self, LoopState};

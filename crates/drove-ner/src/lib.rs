@@ -36,7 +36,7 @@
 //!   reports to a coordinator through `drove-metrics` (a gRPC client), kept
 //!   behind a feature so the fine-tune itself never depends on a transport.
 //!
-//! [`Collective`]: drove_comm::Collective
+//! [`Collective`]: drove_collective::Collective
 #![deny(missing_docs)]
 
 mod data;

@@ -10,7 +10,7 @@
 use burn::backend::{Autodiff, Flex};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
-use drove_comm::SingleProcess;
+use drove_collective::SingleProcess;
 use drove_train::{Placement, Replica, ReplicaOptions, Schedule};
 
 type B = Autodiff<Flex>;

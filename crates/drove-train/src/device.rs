@@ -18,8 +18,8 @@ use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Tensor, TensorData};
-use drove_comm::fusion::{Compression, FusionOptions, all_reduce_fused, buckets};
-use drove_comm::{Collective, ReduceOptions};
+use drove_collective::fusion::{Compression, FusionOptions, all_reduce_fused, buckets};
+use drove_collective::{Collective, ReduceOptions};
 
 use crate::TrainError;
 use crate::flat::{AdamWSettings, AdamWStep, FlatAdamW};

@@ -2,7 +2,7 @@
 //!
 //! [`Replica`] owns one rank's copy of a model and its distributed step, as
 //! Horovod's `DistributedOptimizer` does for PyTorch: built from a burn module,
-//! a [`drove_comm::Collective`] and [`ReplicaOptions`], it broadcasts rank 0's
+//! a [`drove_collective::Collective`] and [`ReplicaOptions`], it broadcasts rank 0's
 //! parameters; each [`Replica::step`] takes this rank's batch and a loss
 //! closure, runs micro-batches at once, accumulates `backward_passes_per_step`
 //! passes, averages the gradients across ranks (fused into buckets), clips
@@ -46,8 +46,8 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
-use drove_comm::fusion::{FusionOptions, all_reduce_fused};
-use drove_comm::{Collective, CommError, Element, ReduceOptions};
+use drove_collective::fusion::{FusionOptions, all_reduce_fused};
+use drove_collective::{Collective, CommError, Element, ReduceOptions};
 
 /// A distributed step that failed.
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use drove_comm::{Buffer, Collective, CommError, Element, Gathered};
+use drove_collective::{Buffer, Call, CallMode, Collective, CommError, Delegate, Element, Gathered, Place};
 
 /// Where a span is drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -224,61 +224,22 @@ pub struct Traced<'a> {
     pub timeline: &'a Timeline,
 }
 
-impl Collective for Traced<'_> {
-    fn rank(&self) -> usize {
-        self.inner.rank()
+/// Ops that run to their end are recorded; an agreement round or an async
+/// op's start passes on unrecorded.
+impl Delegate for Traced<'_> {
+    fn place(&self) -> Place {
+        Place::new(self.inner.rank(), self.inner.world_size()).unwrap_or(Place::SINGLE)
     }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn all_reduce(
+
+    fn delegate<R>(
         &self,
-        name: &str,
-        shape: &[usize],
-        data: drove_comm::TensorMut<'_>,
-        opts: drove_comm::ReduceOptions,
-    ) -> Result<(), CommError> {
-        self.timeline.span(format!("all_reduce {name}"), "op", Track::Main, || {
-            self.inner.all_reduce(name, shape, data, opts)
-        })
-    }
-    fn broadcast(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: drove_comm::TensorMut<'_>,
-        root: usize,
-    ) -> Result<(), CommError> {
-        self.timeline.span(format!("broadcast {name}"), "op", Track::Main, || {
-            self.inner.broadcast(name, shape, data, root)
-        })
-    }
-    fn all_gather(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: drove_comm::TensorRef<'_>,
-    ) -> Result<Gathered, CommError> {
-        self.timeline.span(format!("all_gather {name}"), "op", Track::Main, || {
-            self.inner.all_gather(name, shape, data)
-        })
-    }
-    fn reduce_scatter(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: drove_comm::TensorRef<'_>,
-        opts: drove_comm::ReduceOptions,
-    ) -> Result<Gathered, CommError> {
-        self.timeline.span(format!("reduce_scatter {name}"), "op", Track::Main, || {
-            self.inner.reduce_scatter(name, shape, data, opts)
-        })
-    }
-    fn barrier(&self, name: &str) -> Result<(), CommError> {
-        self.timeline.span(format!("barrier {name}"), "op", Track::Main, || self.inner.barrier(name))
-    }
-    fn agree(&self, spec: &drove_comm::OpSpec) -> Result<(), CommError> {
-        self.inner.agree(spec)
+        call: Call<'_>,
+        run: impl FnOnce(&dyn Collective) -> Result<R, CommError>,
+    ) -> Result<R, CommError> {
+        match call.mode {
+            CallMode::Blocking => self.timeline.span(call.span_name(), "op", Track::Main, || run(self.inner)),
+            CallMode::Agreement | CallMode::Started => run(self.inner),
+        }
     }
 }
 

@@ -8,8 +8,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::{Int, Tensor, TensorData};
-use drove_comm::fusion::FusionOptions;
-use drove_comm::{Collective, CommOptions, Communicator, FileRendezvous, SingleProcess};
+use drove_collective::fusion::FusionOptions;
+use drove_collective::{Collective, LocalWorld, SingleProcess};
 use drove_train::{all_reduce_gradients, broadcast_parameters};
 use support::{LABELS, Tagger, tagger};
 
@@ -81,17 +81,14 @@ fn two_ranks_of_batch_8_equal_one_rank_of_batch_16() {
     let single = params(&train(initial.clone(), &SingleProcess, 0..16));
     assert_eq!(relative_diff(&before, &params(&initial)), 0.0, "training a clone left the original alone");
 
-    let dir = tempfile::tempdir().unwrap();
-    let ranks: Vec<_> = (0..2)
-        .map(|rank| {
-            let dir = dir.path().to_path_buf();
+    let ranks: Vec<_> = LocalWorld::new(2)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(rank, comm)| {
             // Rank 1 starts from other random weights: the broadcast must fix that.
             let model = if rank == 0 { initial.clone() } else { tagger::<B>(&device) };
-            std::thread::spawn(move || {
-                let rv = FileRendezvous::new(&dir, drove_comm::Place::new(rank, 2).unwrap());
-                let comm = Communicator::connect(&rv, CommOptions::default()).unwrap();
-                params(&train(model, &comm, rank * 8..rank * 8 + 8))
-            })
+            std::thread::spawn(move || params(&train(model, &comm, rank * 8..rank * 8 + 8)))
         })
         .collect();
     let results: Vec<Vec<f32>> = ranks.into_iter().map(|h| h.join().expect("rank thread")).collect();

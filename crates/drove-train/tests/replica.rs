@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use burn::backend::{Autodiff, Flex};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
-use drove_comm::{Collective, CommOptions, Communicator, FileRendezvous, SingleProcess};
+use drove_collective::{Call, Collective, CommError, Delegate, LocalWorld, Place, SingleProcess};
 use drove_train::flat::{AdamWSettings, FlatParams};
 use drove_train::{Placement, Replica, ReplicaOptions, Schedule, TrainError};
 use support::{LABELS, Tagger, tagger};
@@ -149,21 +149,19 @@ fn alone(opts: ReplicaOptions) -> Vec<f32> {
     params(replica.model())
 }
 
-/// Runs `work(rank, comm)` on `world` thread ranks joined through a directory.
+/// Runs `work(rank, comm)` on `world` thread ranks of one in-process world.
 fn world<T: Send + 'static>(
     world: usize,
-    work: impl Fn(usize, &Communicator) -> T + Send + Sync + 'static,
+    work: impl Fn(usize, &LocalWorld) -> T + Send + Sync + 'static,
 ) -> Vec<T> {
-    let dir = tempfile::tempdir().unwrap();
     let work = std::sync::Arc::new(work);
-    let handles: Vec<_> = (0..world)
-        .map(|rank| {
-            let (dir, work) = (dir.path().to_path_buf(), work.clone());
-            std::thread::spawn(move || {
-                let rv = FileRendezvous::new(&dir, drove_comm::Place::new(rank, world).unwrap());
-                let comm = Communicator::connect(&rv, CommOptions::default()).unwrap();
-                work(rank, &comm)
-            })
+    let handles: Vec<_> = LocalWorld::new(world)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(rank, comm)| {
+            let work = work.clone();
+            std::thread::spawn(move || work(rank, &comm))
         })
         .collect();
     handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
@@ -372,67 +370,41 @@ fn a_checkpoint_in_the_previous_layout_resumes_in_both_placements() {
 }
 
 /// A collective whose world is replaced between steps, as an elastic run's
-/// is (drove-comm's `ElasticComm` does this through a coordinator).
-struct Swap(std::sync::RwLock<Option<Communicator>>);
+/// is (drove-control's membership client does this through a coordinator).
+struct Swap(std::sync::RwLock<Option<LocalWorld>>);
 
 impl Swap {
-    fn join(dir: &Path, rank: usize, world: usize) -> Communicator {
-        let rv = FileRendezvous::new(dir, drove_comm::Place::new(rank, world).unwrap());
-        Communicator::connect(&rv, CommOptions::default()).unwrap()
-    }
-    fn replace(&self, next: Communicator) {
+    fn replace(&self, next: LocalWorld) {
         let old = self.0.write().unwrap().replace(next);
         drop(old);
     }
-    fn comm(&self) -> std::sync::RwLockReadGuard<'_, Option<Communicator>> {
-        self.0.read().unwrap()
+}
+
+impl Delegate for Swap {
+    fn place(&self) -> Place {
+        let comm = self.0.read().unwrap();
+        let comm = comm.as_ref().expect("a world");
+        Place::new(comm.rank(), comm.world_size()).unwrap()
+    }
+    fn delegate<R>(
+        &self,
+        _call: Call<'_>,
+        run: impl FnOnce(&dyn Collective) -> Result<R, CommError>,
+    ) -> Result<R, CommError> {
+        run(self.0.read().unwrap().as_ref().expect("a world"))
     }
 }
 
-impl Collective for Swap {
-    fn rank(&self) -> usize {
-        self.comm().as_ref().unwrap().rank()
+/// The ranks of one in-process world, each taken once by its thread.
+struct Seats(std::sync::Mutex<Vec<Option<LocalWorld>>>);
+
+impl Seats {
+    fn new(world: usize) -> std::sync::Arc<Seats> {
+        let ranks = LocalWorld::new(world).unwrap().into_iter().map(Some).collect();
+        std::sync::Arc::new(Seats(std::sync::Mutex::new(ranks)))
     }
-    fn world_size(&self) -> usize {
-        self.comm().as_ref().unwrap().world_size()
-    }
-    fn all_reduce(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: drove_comm::TensorMut<'_>,
-        opts: drove_comm::ReduceOptions,
-    ) -> Result<(), drove_comm::CommError> {
-        self.comm().as_ref().unwrap().all_reduce(name, shape, data, opts)
-    }
-    fn broadcast(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: drove_comm::TensorMut<'_>,
-        root: usize,
-    ) -> Result<(), drove_comm::CommError> {
-        self.comm().as_ref().unwrap().broadcast(name, shape, data, root)
-    }
-    fn all_gather(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: drove_comm::TensorRef<'_>,
-    ) -> Result<drove_comm::Gathered, drove_comm::CommError> {
-        self.comm().as_ref().unwrap().all_gather(name, shape, data)
-    }
-    fn reduce_scatter(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: drove_comm::TensorRef<'_>,
-        opts: drove_comm::ReduceOptions,
-    ) -> Result<drove_comm::Gathered, drove_comm::CommError> {
-        self.comm().as_ref().unwrap().reduce_scatter(name, shape, data, opts)
-    }
-    fn barrier(&self, name: &str) -> Result<(), drove_comm::CommError> {
-        self.comm().as_ref().unwrap().barrier(name)
+    fn take(&self, rank: usize) -> LocalWorld {
+        self.0.lock().unwrap()[rank].take().expect("each rank is taken once")
     }
 }
 
@@ -440,8 +412,7 @@ impl Collective for Swap {
 #[allow(clippy::too_many_lines)]
 fn a_member_joining_a_re_formed_world_takes_the_most_advanced_state() {
     for placement in [Placement::Host, Placement::Backend] {
-        let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let (first, second) = (first.path().to_path_buf(), second.path().to_path_buf());
+        let (first, second) = (Seats::new(2), Seats::new(3));
         let handles: Vec<_> = (0..3)
             .map(|rank| {
                 let (first, second) = (first.clone(), second.clone());
@@ -451,16 +422,16 @@ fn a_member_joining_a_re_formed_world_takes_the_most_advanced_state() {
                     let swap = Swap(std::sync::RwLock::new(None));
                     let (mut replica, trained, mut state) = if rank < 2 {
                         // Generation 1: two members train three steps.
-                        swap.replace(Swap::join(&first, rank, 2));
+                        swap.replace(first.take(rank));
                         let mut replica = Replica::new(initial(), &swap, opts, &device).unwrap();
                         train(&mut replica, Plan { rows: 8, first: rank * 8 }, 0, 3);
                         let trained = params(replica.model());
                         let state = if rank == 0 { [7, 24] } else { [0, 0] };
-                        swap.replace(Swap::join(&second, rank, 3));
+                        swap.replace(second.take(rank));
                         (replica, Some(trained), state)
                     } else {
                         // A new member, with other random weights, joins generation 2.
-                        swap.replace(Swap::join(&second, 2, 3));
+                        swap.replace(second.take(2));
                         let replica = Replica::joining(tagger(&device), &swap, opts, &device).unwrap();
                         (replica, None, [0, 0])
                     };

@@ -11,7 +11,7 @@
 use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
-use drove_comm::{CommError, Elastic, Loss, ReformCause, World};
+use drove_collective::{CommError, Elastic, Loss, ReformCause, World};
 use drove_train::TrainError;
 use drove_train::timeline::Track;
 

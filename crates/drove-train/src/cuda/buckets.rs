@@ -2,7 +2,7 @@
 //! each bucket reduced by NCCL where it lies in device memory.
 
 use burn::tensor::Tensor;
-use drove_comm::{Collective, DType, ReduceOptions};
+use drove_collective::{Collective, DType, ReduceOptions};
 use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, Nccl};
 
 use super::{Cuda, CudaDevice, DeviceMemory, device_memory, sync};

@@ -18,7 +18,7 @@
 //! that are powers of two (within 1e-6 relative otherwise).
 
 use burn::tensor::{Tensor, TensorData};
-use drove_comm::{Collective, ReduceOptions};
+use drove_collective::{Collective, ReduceOptions};
 use serde::Serialize;
 
 use super::{Access, Cuda, CudaDevice, NcclBuckets, device_memory};

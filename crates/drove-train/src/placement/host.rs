@@ -9,8 +9,8 @@ use std::ops::Range;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use drove_comm::ReduceOptions;
-use drove_comm::fusion::all_reduce_fused;
+use drove_collective::ReduceOptions;
+use drove_collective::fusion::all_reduce_fused;
 
 use super::{Pass, PlacementStep, UpdateSettings, accumulate, phase};
 use crate::TrainError;

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use drove_comm::Collective;
-use drove_comm::fusion::FusionOptions;
+use drove_collective::Collective;
+use drove_collective::fusion::FusionOptions;
 
 use crate::TrainError;
 use crate::device::{BucketAllReduce, DeviceAdamW, HostStaging};

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use drove_comm::{Buffer, Collective, Element};
+use drove_collective::{Buffer, Collective, Element};
 
 use super::{Replica, ReplicaOptions, fingerprint};
 use crate::TrainError;

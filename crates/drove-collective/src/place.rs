@@ -64,13 +64,13 @@ impl fmt::Display for Rank {
 /// A rank in its world: `rank < world`, checked by the constructors.
 ///
 /// ```
-/// use drove_comm::{Place, Rank, WorldSize};
+/// use drove_collective::{Place, Rank, WorldSize};
 ///
 /// let place = Place::new(2, 4)?;
 /// assert_eq!((place.rank(), place.world()), (Rank::new(2), WorldSize::new(4)?));
 /// assert_eq!(Place::new(4, 4).unwrap_err().to_string(), "rank 4 is out of range for world size 4");
 /// assert_eq!(Place::new(0, 0).unwrap_err().to_string(), "world size must be at least 1, found 0");
-/// # Ok::<(), drove_comm::PlaceError>(())
+/// # Ok::<(), drove_collective::PlaceError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Place {

@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 
-use crate::comm::{Collective, ReduceOptions};
+use crate::collective::{Collective, ReduceOptions};
 use crate::dtype::{Buffer, DType};
 use crate::error::CommError;
 

@@ -1,19 +1,19 @@
-//! [`ElasticComm`]: the [`Elastic`] communicator of a run whose worlds form
-//! through a drove coordinator.
+//! [`ElasticComm`]: the membership client, the [`Elastic`] communicator of a
+//! run whose worlds form through a drove coordinator.
 
 use std::net::TcpListener;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::comm::{Collective, CommOptions, Communicator, Gathered, Pending, ReduceOptions};
-use crate::coordinator::{Beat, Beating, CoordinatorRendezvous, ElasticJoin, spawn_heartbeats};
-use crate::dtype::{Buffer, ReduceOp, TensorMut, TensorRef};
-use crate::elastic::{Elastic, MemberId, ReformCause, World, WorldRange};
-use crate::error::CommError;
-use crate::liveness::Liveness;
-use crate::spec::OpSpec;
-use crate::{Element, Place};
+use drove_collective::{Call, Collective, Delegate, Element, ReduceOp, ReduceOptions};
+use drove_comm::{CommOptions, Communicator, Liveness};
+
+use crate::heartbeat::{Beat, Beating, spawn_heartbeats};
+use crate::rendezvous::{CoordinatorRendezvous, ElasticJoin};
+use drove_collective::CommError;
+use drove_collective::Place;
+use drove_collective::{Elastic, MemberId, ReformCause, World, WorldRange};
 
 /// How long a forming world waits for more members, after its minimum, by
 /// default: long enough for a replaced member to come back, short enough
@@ -214,74 +214,18 @@ impl Elastic for ElasticComm {
     }
 }
 
-impl Collective for ElasticComm {
-    fn rank(&self) -> usize {
-        self.lock_world().place.rank().get()
+/// Every op runs on the current world's communicator (written once, by
+/// drove-collective's blanket impl of `Collective` for a `Delegate`).
+impl Delegate for ElasticComm {
+    fn place(&self) -> Place {
+        self.lock_world().place
     }
 
-    fn world_size(&self) -> usize {
-        self.lock_world().place.world().get()
-    }
-
-    fn all_reduce(
+    fn delegate<R>(
         &self,
-        name: &str,
-        shape: &[usize],
-        data: TensorMut<'_>,
-        opts: ReduceOptions,
-    ) -> Result<(), CommError> {
-        self.with(|c| c.all_reduce(name, shape, data, opts))
-    }
-
-    fn broadcast(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: TensorMut<'_>,
-        root: usize,
-    ) -> Result<(), CommError> {
-        self.with(|c| c.broadcast(name, shape, data, root))
-    }
-
-    fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError> {
-        self.with(|c| c.all_gather(name, shape, data))
-    }
-
-    fn reduce_scatter(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: TensorRef<'_>,
-        opts: ReduceOptions,
-    ) -> Result<Gathered, CommError> {
-        self.with(|c| c.reduce_scatter(name, shape, data, opts))
-    }
-
-    fn barrier(&self, name: &str) -> Result<(), CommError> {
-        self.with(|c| c.barrier(name))
-    }
-
-    fn agree(&self, spec: &OpSpec) -> Result<(), CommError> {
-        self.with(|c| c.agree(spec))
-    }
-
-    fn all_reduce_async(
-        &self,
-        name: &str,
-        shape: &[usize],
-        data: Buffer,
-        opts: ReduceOptions,
-    ) -> Pending<Buffer> {
-        match self.with(|c| Ok(c.all_reduce_async(name, shape, data, opts))) {
-            Ok(pending) => pending,
-            Err(e) => Pending::ready(Err(e)),
-        }
-    }
-
-    fn broadcast_async(&self, name: &str, shape: &[usize], data: Buffer, root: usize) -> Pending<Buffer> {
-        match self.with(|c| Ok(c.broadcast_async(name, shape, data, root))) {
-            Ok(pending) => pending,
-            Err(e) => Pending::ready(Err(e)),
-        }
+        _call: Call<'_>,
+        run: impl FnOnce(&dyn Collective) -> Result<R, CommError>,
+    ) -> Result<R, CommError> {
+        self.with(|c| run(c))
     }
 }

@@ -6,13 +6,13 @@
 //! connections close, a collective's deadline passes, its heartbeats stop) or
 //! one asks to join, the world ends and its members form the next one; the
 //! caller keeps its model and data in memory across the change. [`Elastic`] is
-//! that seam: a [`Collective`] that can re-form; `ElasticComm` (feature
-//! `coordinator`) implements it through a drove coordinator.
+//! that seam: a [`Collective`] that can re-form; drove's membership client
+//! (`ElasticComm`) implements it through a drove coordinator.
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::comm::Collective;
+use crate::collective::Collective;
 use crate::error::CommError;
 use crate::place::{Place, WorldSize};
 
@@ -86,13 +86,13 @@ impl fmt::Display for WorldRange {
 /// `MIN:MAX`, or `N` for `N:N`.
 ///
 /// ```
-/// use drove_comm::WorldRange;
+/// use drove_collective::WorldRange;
 /// let r: WorldRange = "3:4".parse()?;
 /// assert_eq!((r.min().get(), r.max().get()), (3, 4));
 /// assert_eq!("4".parse::<WorldRange>()?, WorldRange::new(4, 4)?);
 /// assert!("4:3".parse::<WorldRange>().unwrap_err().to_string().contains("MIN is above MAX"));
 /// assert!("0:2".parse::<WorldRange>().unwrap_err().to_string().contains("MIN must be at least 1"));
-/// # Ok::<(), drove_comm::CommError>(())
+/// # Ok::<(), drove_collective::CommError>(())
 /// ```
 impl FromStr for WorldRange {
     type Err = CommError;

@@ -132,7 +132,8 @@ impl CommError {
         )
     }
 
-    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    /// An I/O failure while `context` (what was being done, and where).
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         CommError::Io { context: context.into(), source }
     }
 }

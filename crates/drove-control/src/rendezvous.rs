@@ -1,22 +1,18 @@
-//! Rendezvous through a drove coordinator, for launchers such as `drove run`
-//! that set `DROVE_COORDINATOR` and `DROVE_RUN_ID` (metric points go through
-//! the `drove-metrics` crate: the data plane keeps the rendezvous only).
+//! [`CoordinatorRendezvous`]: ranks find each other through a drove
+//! coordinator, which hands out ranks (or honours the launcher's) and the
+//! peer table; for an elastic run, each generation's world.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use drove_collective::{CommError, MemberId, Rank, ReformCause, World, WorldRange, WorldSize};
+use drove_comm::{PeerTable, RankRequest, Rendezvous};
 use drove_proto::client::Clients;
-use drove_proto::v1::{
-    EndKind, GenerationEnd, HeartbeatRequest, HeartbeatResponse, JoinRequest, LeaveRequest,
-};
+use drove_proto::v1::{JoinRequest, LeaveRequest};
 
-use crate::elastic::{Loss, MemberId, ReformCause, World, WorldRange};
-use crate::error::CommError;
-use crate::place::{Rank, WorldSize};
-use crate::rendezvous::{PeerTable, RankRequest, Rendezvous};
+use crate::heartbeat::{Beating, DEFAULT_HEARTBEAT, spawn_heartbeats};
+use crate::runtime::block_on;
+use crate::wire::{cause_to_wire, wire_rank, wire_size};
 
 fn rendezvous_err(what: impl std::fmt::Display) -> CommError {
     CommError::Rendezvous(what.to_string())
@@ -31,7 +27,6 @@ pub struct CoordinatorRendezvous {
     request: RankRequest,
     pub(crate) bind: SocketAddr,
     host: String,
-    runtime: tokio::runtime::Runtime,
     /// How often this rank tells the coordinator it is alive once joined
     /// (`None`: never).
     pub(crate) heartbeat: Option<Duration>,
@@ -68,7 +63,6 @@ fn host_name() -> String {
         .map(|s| s.trim().to_string())
         .ok()
         .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "localhost".into())
 }
 
@@ -82,10 +76,6 @@ impl CoordinatorRendezvous {
         token: Option<&str>,
     ) -> Result<Self, CommError> {
         let ip = local_ip_towards(addr).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| CommError::io("starting the coordinator client", e))?;
         Ok(CoordinatorRendezvous {
             addr: addr.to_string(),
             token: token.map(str::to_string),
@@ -93,58 +83,35 @@ impl CoordinatorRendezvous {
             request,
             bind: SocketAddr::new(ip, 0),
             host: host_name(),
-            runtime,
             heartbeat: Some(DEFAULT_HEARTBEAT),
             restart_count: 0,
             wait_for_coordinator: false,
         })
     }
 
-    /// From `DROVE_COORDINATOR`, `DROVE_RUN_ID`, `DROVE_WORLD_SIZE`, and the
-    /// optional `DROVE_RANK` (or a Kubernetes Indexed Job's
-    /// `JOB_COMPLETION_INDEX`; see [`launch_vars`](crate::launch_vars)),
-    /// `DROVE_TOKEN`, `DROVE_BIND` (the data-plane listen address; by default
-    /// the address that routes to the coordinator) and `DROVE_HEARTBEAT_SECS`
-    /// (how often the joined rank says it is alive; 0: never; default 2).
-    pub fn from_env() -> Result<Self, CommError> {
-        let var = |name: &str| std::env::var(name).map_err(|_| rendezvous_err(format!("{name} is not set")));
-        let addr = var("DROVE_COORDINATOR")?;
-        let run_id = var("DROVE_RUN_ID")?;
-        Self::from_env_with(&addr, &run_id, crate::rendezvous::launch_env()?)
+    /// How often the joined rank tells the coordinator it is alive (`None`:
+    /// never; by default every 2 s).
+    pub fn heartbeat(mut self, every: Option<Duration>) -> Self {
+        self.heartbeat = every;
+        self
     }
 
-    /// [`from_env`](Self::from_env) with the coordinator, run and place
-    /// given (an elastic member's come from each generation), the rest
-    /// (`DROVE_TOKEN`, `DROVE_BIND`, `DROVE_HEARTBEAT_SECS`,
-    /// `DROVE_RESTART_COUNT`) from the environment.
-    pub fn from_env_with(addr: &str, run_id: &str, request: RankRequest) -> Result<Self, CommError> {
-        let token = std::env::var("DROVE_TOKEN").ok().filter(|t| !t.is_empty());
-        let mut rv = Self::new(addr, run_id, request, token.as_deref())?;
-        if let Ok(v) = std::env::var("DROVE_HEARTBEAT_SECS") {
-            let secs: f64 = v.trim().parse().map_err(|_| {
-                rendezvous_err(format!("DROVE_HEARTBEAT_SECS={v:?} is not a number of seconds"))
-            })?;
-            rv.heartbeat = match secs {
-                0.0 => None,
-                s if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
-                _ => {
-                    return Err(rendezvous_err(format!(
-                        "DROVE_HEARTBEAT_SECS={v:?} must be a finite number of seconds of at least 0 (0: no heartbeats)"
-                    )));
-                }
-            };
-        }
-        if let Ok(v) = std::env::var("DROVE_RESTART_COUNT") {
-            rv.restart_count = v
-                .trim()
-                .parse()
-                .map_err(|_| rendezvous_err(format!("DROVE_RESTART_COUNT={v:?} is not a whole number")))?;
-        }
-        if let Ok(bind) = std::env::var("DROVE_BIND") {
-            rv.bind =
-                bind.parse().map_err(|_| rendezvous_err(format!("DROVE_BIND={bind:?} is not an address")))?;
-        }
-        Ok(rv)
+    /// How often it does (see [`CoordinatorRendezvous::heartbeat`]).
+    pub fn heartbeat_every(&self) -> Option<Duration> {
+        self.heartbeat
+    }
+
+    /// The launcher's restart count, told at the join.
+    pub fn restart_count(mut self, restarts: u32) -> Self {
+        self.restart_count = restarts;
+        self
+    }
+
+    /// The data plane's listen address (by default the address that routes
+    /// to the coordinator, any port).
+    pub fn bind(mut self, bind: SocketAddr) -> Self {
+        self.bind = bind;
+        self
     }
 
     /// Whether a join waits, until its deadline, for a coordinator that is
@@ -156,7 +123,7 @@ impl CoordinatorRendezvous {
 
     /// Tells the coordinator this rank is done (with an error message if it failed).
     pub fn leave(&self, rank: Rank, error: Option<&str>) -> Result<(), CommError> {
-        self.runtime.block_on(async {
+        block_on(async {
             let mut c = Clients::connect(&self.addr, self.token.as_deref()).await.map_err(rendezvous_err)?;
             c.rendezvous
                 .leave(LeaveRequest {
@@ -169,6 +136,7 @@ impl CoordinatorRendezvous {
                 .map_err(|s| rendezvous_err(s.message()))?;
             Ok(())
         })
+        .map_err(|e| CommError::io("leaving the run", e))?
     }
 }
 
@@ -187,12 +155,13 @@ impl CoordinatorRendezvous {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             request.timeout_ms = left.as_millis().max(1) as i64;
-            let answer = self.runtime.block_on(async {
+            let answer = block_on(async {
                 let mut c = Clients::connect(&self.addr, self.token.as_deref())
                     .await
                     .map_err(|e| tonic::Status::unavailable(format!("cannot reach the coordinator: {e}")))?;
                 c.rendezvous.join(request.clone()).await.map(tonic::Response::into_inner)
-            });
+            })
+            .unwrap_or_else(|e| Err(tonic::Status::internal(e.to_string())));
             let status = match answer {
                 Ok(response) => return Ok(response),
                 Err(status) => status,
@@ -296,7 +265,7 @@ impl CoordinatorRendezvous {
         step: u64,
         error: Option<&str>,
     ) -> Result<(), CommError> {
-        self.runtime.block_on(async {
+        block_on(async {
             let mut c = Clients::connect(&self.addr, self.token.as_deref()).await.map_err(rendezvous_err)?;
             c.rendezvous
                 .leave(LeaveRequest {
@@ -310,6 +279,7 @@ impl CoordinatorRendezvous {
                 .map_err(|s| rendezvous_err(s.message()))?;
             Ok(())
         })
+        .map_err(|e| CommError::io("leaving the run", e))?
     }
 }
 
@@ -337,155 +307,6 @@ pub(crate) struct ElasticJoin<'a> {
     pub step: u64,
     /// Why it re-forms.
     pub cause: Option<&'a ReformCause>,
-}
-
-fn wire_size(n: usize) -> i32 {
-    i32::try_from(n).unwrap_or(i32::MAX)
-}
-
-/// A rank as the protocol's `int32` (world sizes past `i32::MAX` cannot join).
-fn wire_rank(rank: Rank) -> i32 {
-    i32::try_from(rank.get()).unwrap_or(i32::MAX)
-}
-
-/// How often a joined rank sends a heartbeat by default.
-pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(2);
-
-/// Who sends heartbeats: a rank of a fixed world, or a member of an elastic
-/// run (whose generation changes, and who hears that its world should re-form).
-pub(crate) enum Beating {
-    /// A rank of a fixed world.
-    Rank(Rank),
-    /// A member of an elastic run.
-    Member(String, Arc<Beat>),
-}
-
-/// What an elastic member's heartbeats carry and hear.
-#[derive(Debug, Default)]
-pub(crate) struct Beat {
-    /// The generation the member runs in.
-    pub generation: AtomicU64,
-    /// The coordinator said a newer generation is forming.
-    pub reform: AtomicBool,
-    /// Why, as it said.
-    pub cause: Mutex<Option<ReformCause>>,
-    /// When the other members of its generation last beat, as last heard.
-    pub peers: Mutex<Option<PeerBeats>>,
-}
-
-/// The coordinator's last word on when each member of a generation beat.
-#[derive(Debug)]
-pub(crate) struct PeerBeats {
-    /// The generation it is about.
-    pub generation: u64,
-    /// When the answer came.
-    pub heard: Instant,
-    /// Member id -> time since its last beat, at `heard`.
-    pub since: HashMap<String, Duration>,
-}
-
-impl Beating {
-    fn request(&self, run_id: &str) -> HeartbeatRequest {
-        match self {
-            Beating::Rank(rank) => {
-                HeartbeatRequest { run_id: run_id.to_string(), rank: wire_rank(*rank), ..Default::default() }
-            }
-            Beating::Member(id, beat) => HeartbeatRequest {
-                run_id: run_id.to_string(),
-                member_id: id.clone(),
-                generation: beat.generation.load(Ordering::SeqCst) as i64,
-                ..Default::default()
-            },
-        }
-    }
-
-    /// Takes in the answer to a heartbeat sent for `generation`.
-    fn heard(&self, response: &HeartbeatResponse, generation: u64) {
-        if let Beating::Member(_, beat) = self {
-            let since = response
-                .member_beats
-                .iter()
-                .map(|b| (b.member_id.clone(), Duration::from_millis(u64::try_from(b.since_ms).unwrap_or(0))))
-                .collect();
-            *beat.peers.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some(PeerBeats { generation, heard: Instant::now(), since });
-        }
-        if let Beating::Member(_, beat) = self
-            && response.reform
-            && response.generation as u64 > beat.generation.load(Ordering::SeqCst)
-        {
-            let cause = response.reform_cause.as_ref().map(cause_from_wire);
-            *beat.cause.lock().unwrap_or_else(|e| e.into_inner()) = cause;
-            beat.reform.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-/// A cause as the wire carries it.
-pub(crate) fn cause_to_wire(cause: &ReformCause) -> GenerationEnd {
-    let kind = match cause.kind {
-        Loss::ClosedConnection => EndKind::ClosedConnection,
-        Loss::Deadline => EndKind::CollectiveDeadline,
-        Loss::Heartbeat => EndKind::Heartbeat,
-        Loss::MemberAdded => EndKind::MemberAdded,
-    };
-    GenerationEnd { kind: kind.into(), members: cause.members.clone(), detail: cause.detail.clone() }
-}
-
-fn cause_from_wire(end: &GenerationEnd) -> ReformCause {
-    let kind = match EndKind::try_from(end.kind).unwrap_or(EndKind::Unspecified) {
-        EndKind::CollectiveDeadline => Loss::Deadline,
-        EndKind::Heartbeat => Loss::Heartbeat,
-        EndKind::MemberAdded => Loss::MemberAdded,
-        _ => Loss::ClosedConnection,
-    };
-    ReformCause { kind, members: end.members.clone(), detail: end.detail.clone() }
-}
-
-/// Sends a heartbeat for `who` every `every` for as long as the process
-/// lives (a stopped or hung process stops sending, which is the point); a
-/// coordinator that is away is tried again at the next beat.
-pub(crate) fn spawn_heartbeats(
-    addr: String,
-    token: Option<String>,
-    run_id: String,
-    who: Beating,
-    every: Duration,
-) {
-    let beat = move || {
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
-        runtime.block_on(async {
-            let mut clients: Option<Clients> = None;
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let call = async {
-                    if clients.is_none() {
-                        clients =
-                            Some(Clients::connect(&addr, token.as_deref()).await.map_err(|e| e.to_string())?);
-                    }
-                    let c = clients.as_mut().expect("connected above");
-                    let request = who.request(&run_id);
-                    let generation = u64::try_from(request.generation).unwrap_or(0);
-                    let response =
-                        c.rendezvous.heartbeat(request).await.map_err(|s| s.message().to_string())?;
-                    Ok::<_, String>((response, generation))
-                };
-                match tokio::time::timeout(every.max(Duration::from_secs(1)) * 2, call).await {
-                    Ok(Ok((response, generation))) => who.heard(response.get_ref(), generation),
-                    Ok(Err(e)) => {
-                        tracing::debug!("heartbeat to {addr} failed: {e}");
-                        clients = None;
-                    }
-                    Err(_) => clients = None,
-                }
-            }
-        });
-    };
-    if let Err(e) = std::thread::Builder::new().name("drove-heartbeat".into()).spawn(beat) {
-        tracing::warn!("cannot start the heartbeat thread ({e}): this rank cannot be watched for hangs");
-    }
 }
 
 impl Rendezvous for CoordinatorRendezvous {
