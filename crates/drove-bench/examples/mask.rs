@@ -13,6 +13,9 @@ fn main() -> Result<(), drove_bench::BenchError> {
     let report = mask::run(&options)?;
     println!("{}", serde_json::to_string_pretty(&report).expect("a report serialises"));
     print!("{report}");
-    println!("the masker runs at {:.2}x a plain copy of the same token ids", report.masker_vs_copy);
+    println!(
+        "the masker runs at {:.3}x the rate of a plain copy of the same token ids",
+        report.masker_vs_copy
+    );
     Ok(())
 }

@@ -131,7 +131,6 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<()> {
 pub fn nccl(args: &NcclArgs) -> anyhow::Result<ExitCode> {
     #[cfg(feature = "nccl")]
     {
-        use drove_comm::Collective as _;
         let launch = drove_launch::LaunchEnv::from_env()?;
         let served = launch.serve_coordinator()?;
         let mesh = launch.communicator()?;

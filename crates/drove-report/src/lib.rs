@@ -13,7 +13,7 @@
 //! reads the store in place, read-only, beside a coordinator that serves it;
 //! [`RunData::from_coordinator`] asks over gRPC), so the same run draws the
 //! same charts from either, during the run (the points so far) or after it,
-//! and a test or a user's program can build a `RunData` by hand. [`write`]
+//! and a test or a user's program can build a `RunData` by hand. [`write()`]
 //! then puts every file in a folder: `index.html`, `report.json` (every
 //! chart's data exactly as drawn) and each chart as `NAME.png` and
 //! `NAME.svg`, each through a temporary file and a rename, so a browser
@@ -29,7 +29,7 @@
 //!   the drawing itself.
 //! - [`Verdict`]: whether the ranks' masks were independent, as far as the
 //!   run tells.
-//! - [`write`]: the files.
+//! - [`write()`]: the files.
 //!
 //! ```no_run
 //! let run = drove_report::RunData::from_store("runs/four/store".as_ref(), None)?;

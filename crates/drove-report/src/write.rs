@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::charts::{self, Chart};
 use crate::{ReportError, RunData, Verdict, page};
 
-/// What [`write`] wrote.
+/// What [`write()`] wrote.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Written {
     /// The page: `index.html` in the folder.
