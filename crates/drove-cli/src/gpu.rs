@@ -1,14 +1,15 @@
 //! The GPU side of the CLI: `--device cuda[:N]` for `drove train ner` and
-//! `drove bench train`, `drove bench nccl`, and `drove weights` (the f16
-//! packing of the GPU check). Built with features `cuda` and `nccl`; without
-//! them each says how to build it, and with them a machine without a GPU gets
-//! one error naming the missing library (no panic).
+//! `drove bench train` (a [`Gpu`] is drove-bench's [`Trainer`] there), and
+//! `drove weights` (the f16 packing of the GPU check). Built with features
+//! `cuda` and `nccl`; without them each says how to build it, and with them a
+//! machine without a GPU gets one error naming the missing library (no panic).
+//! `drove bench nccl` is drove-bench's (`bench.rs`).
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
+use drove_bench::train::Trainer;
 use drove_comm::Collective;
 use drove_ner::{NerError, NerOptions, NerSummary, Observer};
 use drove_train::gpu::DeviceChoice;
@@ -24,7 +25,7 @@ pub struct Gpu {
 }
 
 #[cfg(not(all(feature = "cuda", feature = "nccl")))]
-const BUILD_HINT: &str = "this drove was built without GPU support: build it with \
+pub(crate) const BUILD_HINT: &str = "this drove was built without GPU support: build it with \
      `cargo build --release -p drove-cli --features cuda,nccl` (the CUDA libraries are loaded at run time)";
 
 /// Opens the GPU `choice` names (`cuda` alone: the one of `local_rank`, the
@@ -47,14 +48,6 @@ pub fn open(choice: DeviceChoice, local_rank: usize) -> anyhow::Result<Option<Gp
 }
 
 impl Gpu {
-    /// `cuda:N`.
-    pub fn name(&self) -> String {
-        #[cfg(feature = "cuda")]
-        return format!("cuda:{}", self.ordinal);
-        #[cfg(not(feature = "cuda"))]
-        match self.never {}
-    }
-
     /// Fine-tunes on this GPU: burn-cuda, the backend placement, and (feature
     /// `nccl`, more than one rank) gradient buckets all-reduced by NCCL in
     /// place; with one rank there is nothing to reduce.
@@ -111,183 +104,21 @@ impl Gpu {
     }
 }
 
-/// Settings of `drove bench nccl`.
-#[derive(Debug, Args)]
-pub struct NcclBenchArgs {
-    /// Buffer sizes in bytes (suffixes KiB, MiB, GiB).
-    #[arg(long, value_delimiter = ',', default_value = "64MiB,1GiB", value_parser = parse_size)]
-    sizes: Vec<u64>,
-    /// Timed iterations per size (after 5 untimed).
-    #[arg(long, default_value_t = 20)]
-    iterations: u32,
-    /// GPU number.
-    #[arg(long, default_value_t = 0)]
-    gpu: usize,
-    /// Instead of timing, prove the in-place path of training: the gradient
-    /// bucket all-reduce and an all-gather in both directions on burn tensors
-    /// of each layout (own buffer, shared clone, view at an offset, piece of a
-    /// split, broadcast), every result read back through burn and compared bit
-    /// for bit. Exit code 1 when a check fails (after printing the report).
-    #[arg(long)]
-    buckets: bool,
-    /// Print one JSON object.
-    #[arg(long)]
-    json: bool,
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let (digits, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, ""), |i| s.split_at(i));
-    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a size (like 64MiB)"))?;
-    let scale = match unit {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        other => return Err(format!("unknown unit {other:?} in {s:?}: use B, KiB, MiB or GiB")),
-    };
-    n.checked_mul(scale).filter(|&b| b >= 4).ok_or_else(|| format!("{s:?} is out of range (4 bytes or more)"))
-}
-
-/// `drove bench nccl`: NCCL all-reduce beside a device copy, at the world
-/// size of the launcher it runs under (1 alone); with `--buckets`, the
-/// in-place checks instead.
-pub fn bench_nccl(args: &NcclBenchArgs) -> anyhow::Result<ExitCode> {
-    #[cfg(feature = "nccl")]
-    {
-        let launch = drove_launch::LaunchEnv::from_env()?;
-        let served = launch.serve_coordinator()?;
-        let mesh = launch.communicator()?;
-        let (report, passed) = if args.buckets {
-            let report = nccl_bench::in_place(args, mesh.as_ref())?;
-            let passed = report.passed;
-            (serde_json::to_value(report).context("json")?, passed)
-        } else {
-            (nccl_bench::run(args, mesh.as_ref())?, true)
-        };
-        let rank = mesh.rank();
-        drop(mesh);
-        launch.finish(rank, None, served);
-        if args.json {
-            println!("{report}");
-        } else {
-            println!("{}", serde_json::to_string_pretty(&report).context("json")?);
-        }
-        Ok(if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE })
-    }
-    #[cfg(not(feature = "nccl"))]
-    {
-        let _ = args;
-        anyhow::bail!("drove bench nccl: {BUILD_HINT}")
-    }
-}
-
-#[cfg(feature = "nccl")]
-mod nccl_bench {
-    use std::time::Instant;
-
-    use anyhow::{Context, anyhow};
-    use cudarc::driver::result as cu;
-    use drove_comm::{Collective, DType, ReduceOptions};
-    use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, Nccl};
-    use drove_train::cuda::{InPlaceReport, NcclBuckets, check_in_place, open_gpu};
-    use serde_json::{Value, json};
-
-    use super::NcclBenchArgs;
-
-    /// Frees a device allocation on every path.
-    struct DeviceBuffer(u64);
-
-    impl Drop for DeviceBuffer {
-        fn drop(&mut self) {
-            // SAFETY: an allocation of ours, no longer used.
-            let _ = unsafe { cu::free_sync(self.0) };
-        }
+/// `drove bench train --device cuda`: the same fine-tune as `drove train ner`'s.
+impl Trainer for Gpu {
+    fn device(&self) -> DeviceChoice {
+        #[cfg(feature = "cuda")]
+        return DeviceChoice::Cuda(Some(self.ordinal));
+        #[cfg(not(feature = "cuda"))]
+        match self.never {}
     }
 
-    /// The in-place checks on burn tensors on GPU `--gpu`.
-    pub fn in_place(args: &NcclBenchArgs, mesh: &dyn Collective) -> anyhow::Result<InPlaceReport> {
-        let device = open_gpu(args.gpu).with_context(|| format!("opening GPU {}", args.gpu))?;
-        let buckets = NcclBuckets::connect(mesh, args.gpu, device, DeviceOptions::default())
-            .context("joining the NCCL communicator")?;
-        Ok(check_in_place(&buckets, mesh))
+    fn train(&self, options: &NerOptions, observer: &mut dyn Observer) -> Result<NerSummary, NerError> {
+        self.train_ner(options, &drove_comm::SingleProcess, observer)
     }
 
-    pub fn run(args: &NcclBenchArgs, mesh: &dyn Collective) -> anyhow::Result<Value> {
-        let nccl = Nccl::new(args.gpu).context("opening NCCL")?;
-        let stream = nccl.stream() as cudarc::driver::sys::CUstream;
-        let comm = DeviceComm::connect(mesh, nccl, DeviceOptions::default()).map_err(|e| anyhow!("{e}"))?;
-        let world = mesh.world_size();
-        let dev = cu::device::get(args.gpu as i32).map_err(|e| anyhow!("cuDeviceGet: {e:?}"))?;
-        let name = cu::device::get_name(dev).map_err(|e| anyhow!("cuDeviceGetName: {e:?}"))?;
-        let mut rows = Vec::new();
-        for &bytes in &args.sizes {
-            let count = (bytes / 4) as usize;
-            // SAFETY: fresh allocations of `bytes`, zeroed, freed by the guards.
-            let (a, b) = unsafe {
-                let a =
-                    DeviceBuffer(cu::malloc_sync(bytes as usize).map_err(|e| anyhow!("cuMemAlloc: {e:?}"))?);
-                let b =
-                    DeviceBuffer(cu::malloc_sync(bytes as usize).map_err(|e| anyhow!("cuMemAlloc: {e:?}"))?);
-                cu::memset_d8_sync(a.0, 0, bytes as usize).map_err(|e| anyhow!("cuMemsetD8: {e:?}"))?;
-                (a, b)
-            };
-            let slice = DeviceSlice { ptr: a.0, len: count, dtype: DType::F32 };
-            let time_allreduce = || -> anyhow::Result<f64> {
-                let t = Instant::now();
-                // SAFETY: `a` is a live allocation of `count` f32s used by nothing else.
-                unsafe { comm.all_reduce(mesh, "bench", slice, ReduceOptions::sum()) }
-                    .map_err(|e| anyhow!("{e}"))?;
-                Ok(t.elapsed().as_secs_f64())
-            };
-            let time_copy = || -> anyhow::Result<f64> {
-                let t = Instant::now();
-                // SAFETY: both allocations hold `bytes`; the stream is NCCL's, idle.
-                unsafe {
-                    cu::memcpy_dtod_async(b.0, a.0, bytes as usize, stream)
-                        .map_err(|e| anyhow!("cuMemcpyDtoDAsync: {e:?}"))?;
-                    cu::stream::synchronize(stream).map_err(|e| anyhow!("cuStreamSynchronize: {e:?}"))?;
-                }
-                Ok(t.elapsed().as_secs_f64())
-            };
-            for _ in 0..5 {
-                time_allreduce()?;
-                time_copy()?;
-            }
-            // Interleaved, so that clocks and neighbours affect both alike.
-            let (mut ar, mut cp) = (Vec::new(), Vec::new());
-            for _ in 0..args.iterations {
-                ar.push(time_allreduce()?);
-                cp.push(time_copy()?);
-            }
-            let median = |v: &mut Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            let (t_ar, t_cp) = (median(&mut ar), median(&mut cp));
-            let world = world as f64;
-            let algbw = bytes as f64 / t_ar / 1e9;
-            rows.push(json!({
-                "bytes": bytes,
-                "allreduce_median_s": t_ar,
-                "allreduce_algbw_gbps": algbw,
-                // nccl-tests' bus bandwidth: algbw x 2(n-1)/n, which is 0 at one rank.
-                // The time is this rank's; ranks wait for each other in every op.
-                "allreduce_busbw_gbps": algbw * 2.0 * (world - 1.0) / world,
-                "copy_median_s": t_cp,
-                "copy_gbps": bytes as f64 / t_cp / 1e9,
-                "allreduce_over_copy_time": t_ar / t_cp,
-            }));
-        }
-        Ok(json!({
-            "benchmark": "nccl",
-            "device": name,
-            "nccl": comm.describe(),
-            "rank": mesh.rank(),
-            "world_size": world,
-            "iterations": args.iterations,
-            "note": "in-place all-reduce through drove's DeviceComm (agreement, launch, polled wait); the copy is cuMemcpyDtoD on the same stream",
-            "sizes": rows,
-        }))
+    fn memory_used_bytes(&self) -> Option<u64> {
+        Gpu::memory_used_bytes(self)
     }
 }
 

@@ -30,8 +30,6 @@
 //! filtered by `RUST_LOG` (default `warn`).
 
 mod bench;
-mod bench_comm;
-mod bench_coord;
 mod check;
 mod check_payload;
 mod control;
@@ -117,19 +115,19 @@ enum BenchCommand {
     /// Masking, collation and loader throughput in padded tokens per second.
     Mask(bench::MaskArgs),
     /// All-reduce and broadcast bandwidth across N local rank processes.
-    Allreduce(bench_comm::AllreduceArgs),
+    Allreduce(bench::AllreduceArgs),
     /// One rank of `bench allreduce` (started by it).
     #[command(hide = true)]
-    AllreduceWorker(bench_comm::WorkerArgs),
+    AllreduceWorker(drove_bench::allreduce::WorkerOptions),
     /// A coordinator's rendezvous latency, metric ingest rate and blob bandwidth.
-    Coordinator(bench_coord::CoordinatorArgs),
+    Coordinator(bench::CoordinatorArgs),
     /// Training throughput (sentences/s, tokens/s) and peak memory at 1 rank.
-    Train(train::TrainBenchArgs),
+    Train(bench::TrainArgs),
     /// NCCL all-reduce bandwidth beside a device-to-device copy, at the world
     /// size of the launcher it runs under (`drove run --np 2`: two ranks,
     /// on one GPU with --gpu 0 where NCCL allows it); --buckets checks the
     /// in-place path on burn tensors instead (built with feature `nccl`).
-    Nccl(gpu::NcclBenchArgs),
+    Nccl(bench::NcclArgs),
 }
 
 /// Logs to stderr, filtered by `RUST_LOG`, else by `default`.
@@ -147,12 +145,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Train { what: TrainCommand::Ner(args) } => train::ner(&args),
         Command::Diag { what: DiagCommand::Masks(args) } => done(diag::run(&args)),
-        Command::Bench { what: BenchCommand::Mask(args) } => done(bench::run(&args)),
-        Command::Bench { what: BenchCommand::Allreduce(args) } => done(bench_comm::run(&args)),
-        Command::Bench { what: BenchCommand::AllreduceWorker(args) } => done(bench_comm::worker(&args)),
-        Command::Bench { what: BenchCommand::Coordinator(args) } => done(bench_coord::run(&args)),
-        Command::Bench { what: BenchCommand::Train(args) } => done(train::bench(&args)),
-        Command::Bench { what: BenchCommand::Nccl(args) } => gpu::bench_nccl(&args),
+        Command::Bench { what: BenchCommand::Mask(args) } => done(bench::mask(&args)),
+        Command::Bench { what: BenchCommand::Allreduce(args) } => done(bench::allreduce(&args)),
+        Command::Bench { what: BenchCommand::AllreduceWorker(args) } => done(bench::allreduce_worker(&args)),
+        Command::Bench { what: BenchCommand::Coordinator(args) } => done(bench::coordinator(&args)),
+        Command::Bench { what: BenchCommand::Train(args) } => done(bench::train(&args)),
+        Command::Bench { what: BenchCommand::Nccl(args) } => bench::nccl(&args),
         Command::Weights(args) => done(gpu::weights(&args)),
         Command::Seed(args) => done(seed::run(&args)),
         Command::Coordinator(flags) => done(control::serve(&flags)),
@@ -235,24 +233,7 @@ mod parse {
 
     /// A byte size: a whole number with B, KiB, MiB or GiB (or none: bytes),
     /// at least one f32 element.
-    pub fn bytes(part: &str) -> Result<usize, String> {
-        let part = part.trim();
-        let digits = part.find(|c: char| !c.is_ascii_digit()).unwrap_or(part.len());
-        let (num, unit) = part.split_at(digits);
-        let n: usize = num.parse().map_err(|_| format!("size {part:?} must start with a whole number"))?;
-        let mult: usize = match unit {
-            "" | "B" => 1,
-            "KiB" | "K" | "KB" => 1 << 10,
-            "MiB" | "M" | "MB" => 1 << 20,
-            "GiB" | "G" | "GB" => 1 << 30,
-            other => return Err(format!("size {part:?}: unknown unit {other:?} (B, KiB, MiB or GiB)")),
-        };
-        let bytes = n.checked_mul(mult).ok_or_else(|| format!("size {part:?} is too large"))?;
-        if bytes < 4 {
-            return Err(format!("size {part:?} is below one f32 element"));
-        }
-        Ok(bytes)
-    }
+    pub use drove_bench::parse_bytes as bytes;
 
     /// A timeout in seconds: finite and above 0.
     pub fn positive_secs(s: &str) -> Result<f64, String> {

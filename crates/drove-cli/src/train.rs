@@ -1,20 +1,20 @@
 //! `drove train ner`: fine-tunes a BERT for NER on CoNLL-format data, alone or as
-//! one rank under `drove run --np N`; and `drove bench train`, its throughput.
+//! one rank under `drove run --np N`.
 //!
 //! Under a launcher the ranks read their `drove_launch::LaunchEnv`, join
 //! through its communicator and stream their metrics to the coordinator;
 //! alone, the run is a world of one. Rank 0 shows progress (a bar on a terminal, a line every
 //! `--log-every` steps otherwise), writes checkpoints and predictions under
-//! `--out`, and prints the summary.
+//! `--out`, and prints the summary. (`drove bench train` is drove-bench's
+//! training suite, called from `bench.rs`.)
 
 use std::io::IsTerminal as _;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use burn::backend::{Autodiff, Flex};
 use clap::Args;
-use drove_comm::{Collective, Elastic, SingleProcess, WorldRange};
+use drove_comm::{Collective, Elastic, WorldRange};
 use drove_control::ElasticComm;
 use drove_launch::{LaunchEnv, Progress, ProgressMode, Start};
 use drove_ner::{
@@ -24,7 +24,6 @@ use drove_ner::{
 use drove_train::Placement;
 use drove_train::gpu::DeviceChoice;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
 use std::process::ExitCode;
 
 use crate::gpu;
@@ -101,29 +100,11 @@ impl NerArgs {
             diagnose_every: self.diagnose_every.unwrap_or(0),
             timeline: opts.timeline.clone(),
             eval_sets: opts.eval_sets.iter().filter(|s| !s.is_empty()).cloned().collect(),
-            micro_batches: micro_batches(opts.micro_batches, self.device),
-            placement: placement(self.placement, self.device),
+            micro_batches: self.device.micro_batches(opts.micro_batches),
+            placement: self.placement.unwrap_or(self.device.placement()),
             random_init: self.random_init || opts.random_init,
             ..opts.clone()
         }
-    }
-}
-
-/// The placement asked for, else the device's own: flat host buffers on the
-/// CPU, tensors on the device on a GPU.
-fn placement(asked: Option<Placement>, device: DeviceChoice) -> Placement {
-    asked.unwrap_or(match device {
-        DeviceChoice::Cpu => Placement::Host,
-        DeviceChoice::Cuda(_) => Placement::Backend,
-    })
-}
-
-/// On a GPU "one micro-batch per thread" (0) means one: the GPU runs the
-/// whole batch; splitting it across CPU threads would only cut the kernels.
-fn micro_batches(asked: usize, device: DeviceChoice) -> usize {
-    match (asked, device) {
-        (0, DeviceChoice::Cuda(_)) => 1,
-        (n, _) => n,
     }
 }
 
@@ -501,148 +482,6 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         print_summary(&summary, args.json);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Settings of `drove bench train`.
-#[derive(Debug, Args)]
-pub struct TrainBenchArgs {
-    /// Folder with the CoNLL-2003 files.
-    #[arg(long, value_name = "DIR", default_value = "assets/conll2003")]
-    data: PathBuf,
-    /// Folder with the model.
-    #[arg(long, value_name = "DIR", default_value = "assets/minilm")]
-    model: PathBuf,
-    /// Sentences per batch.
-    #[arg(long, default_value_t = 32)]
-    batch_size: usize,
-    /// Steps timed (after --warmup-steps untimed ones); bucketed batches vary in
-    /// length, so fewer than ~50 give a noisy mean.
-    #[arg(long, default_value_t = 60)]
-    steps: u64,
-    /// Untimed steps first.
-    #[arg(long, default_value_t = 2)]
-    warmup_steps: u64,
-    /// Sort windows of N batches by length (0: off, as a plain random sampler).
-    #[arg(long, value_name = "N", default_value_t = 16)]
-    bucket_window: usize,
-    /// Micro-batches run at once (0: one per thread; 1: the whole batch on
-    /// the backend's own threads).
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    micro_batches: usize,
-    /// Where parameters and optimizer state live: host or backend (default:
-    /// host on the CPU, backend on a GPU).
-    #[arg(long)]
-    placement: Option<Placement>,
-    /// The device: cpu, cuda or cuda:N (see `drove train ner --device`).
-    #[arg(long, default_value = "cpu")]
-    device: DeviceChoice,
-    /// Start from random weights of the model's shape (config.json only; for
-    /// throughput where the weights are not at hand).
-    #[arg(long)]
-    random_init: bool,
-    /// Print one JSON object.
-    #[arg(long)]
-    json: bool,
-}
-
-/// Records each step's timing.
-struct Timer {
-    steps: Vec<(f64, f64)>, // (sentences/s, tokens/s)
-    phases: Vec<drove_train::PhaseTimes>,
-}
-
-impl Observer for Timer {
-    fn step(&mut self, r: &StepReport) {
-        self.steps.push((r.sentences_per_s, r.tokens_per_s));
-        self.phases.push(r.phases);
-    }
-}
-
-/// Mean seconds per step of each phase over `phases`.
-fn phase_means(phases: &[drove_train::PhaseTimes]) -> serde_json::Value {
-    let n = phases.len().max(1) as f64;
-    let mean = |f: fn(&drove_train::PhaseTimes) -> std::time::Duration| {
-        phases.iter().map(|p| f(p).as_secs_f64()).sum::<f64>() / n
-    };
-    json!({
-        "compute": mean(|p| p.compute),
-        "all_reduce": mean(|p| p.all_reduce),
-        "clip": mean(|p| p.clip),
-        "update": mean(|p| p.update),
-    })
-}
-
-/// Peak resident memory of this process, from /proc.
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// `drove bench train`.
-pub fn bench(args: &TrainBenchArgs) -> anyhow::Result<()> {
-    let out = tempfile::tempdir().context("creating a scratch folder")?;
-    let gpu = gpu::open(args.device, drove_launch::LaunchEnv::from_env()?.local_rank)?;
-    let placement = placement(args.placement, args.device);
-    let micro = micro_batches(args.micro_batches, args.device);
-    let opts = NerOptions {
-        data: args.data.clone(),
-        model: args.model.clone(),
-        out: out.path().to_path_buf(),
-        epochs: 1,
-        batch_size: args.batch_size,
-        eval_sets: Vec::new(),
-        bucket_window: Some(args.bucket_window),
-        micro_batches: micro,
-        placement,
-        max_steps: Some(args.warmup_steps + args.steps),
-        random_init: args.random_init,
-        ..NerOptions::default()
-    };
-    let mut timer = Timer { steps: Vec::new(), phases: Vec::new() };
-    let started = Instant::now();
-    match &gpu {
-        None => train_ner::<Backend>(&opts, &SingleProcess, &mut timer, &Default::default()),
-        Some(gpu) => gpu.train_ner(&opts, &SingleProcess, &mut timer),
-    }
-    .map_err(|e| anyhow!("{e}"))?;
-    let wall = started.elapsed().as_secs_f64();
-    let skip = args.warmup_steps.min(timer.steps.len() as u64) as usize;
-    let timed = &timer.steps[skip..];
-    // Harmonic means: total work over total time.
-    let mean = |f: fn(&(f64, f64)) -> f64| timed.len() as f64 / timed.iter().map(|s| 1.0 / f(s)).sum::<f64>();
-    let mut sorted: Vec<f64> = timed.iter().map(|s| s.0).collect();
-    sorted.sort_by(f64::total_cmp);
-    let report = json!({
-        "benchmark": "train",
-        "model": args.model.display().to_string(),
-        "batch_size": args.batch_size,
-        "bucket_window": args.bucket_window,
-        "placement": placement.to_string(),
-        "device": gpu.as_ref().map_or("cpu".into(), |g| g.name()),
-        "random_init": args.random_init,
-        "gpu_memory_used_bytes": gpu.as_ref().and_then(|g| g.memory_used_bytes()),
-        "micro_batches": drove_train::micro::MicroBatches::resolve(micro, args.batch_size),
-        "threads": std::env::var("RAYON_NUM_THREADS").ok()
-            .and_then(|t| t.parse::<usize>().ok())
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-        "steps_timed": timed.len(),
-        "sentences_per_s": mean(|s| s.0),
-        "tokens_per_s": mean(|s| s.1),
-        "median_sentences_per_s": sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
-        "peak_rss_bytes": peak_rss_bytes(),
-        // Host syncs per step on the backend placement: one per micro-batch
-        // (its loss) and one for the norm (in "clip").
-        "phase_mean_seconds": phase_means(&timer.phases[skip.min(timer.phases.len())..]),
-        "wall_seconds_including_load": wall,
-    });
-    if args.json {
-        println!("{report}");
-    } else {
-        println!("{}", serde_json::to_string_pretty(&report).expect("json"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::{DROVE, Proc, assets, coordinator, free_port, run, text};
 use drove_coordinator::store::{Agg, Filter, Store};
+use drove_report::png;
 use serde_json::Value;
 
 const RUN: &str = "report";

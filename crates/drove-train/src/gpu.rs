@@ -6,6 +6,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::Placement;
+
 /// A `--device` value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DeviceChoice {
@@ -37,6 +39,29 @@ impl fmt::Display for DeviceChoice {
             DeviceChoice::Cpu => f.write_str("cpu"),
             DeviceChoice::Cuda(None) => f.write_str("cuda"),
             DeviceChoice::Cuda(Some(n)) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl DeviceChoice {
+    /// Where parameters and optimizer state live unless asked otherwise:
+    /// flat host buffers on the CPU (its fast path), tensors on the device on
+    /// a GPU.
+    pub fn placement(self) -> Placement {
+        match self {
+            DeviceChoice::Cpu => Placement::Host,
+            DeviceChoice::Cuda(_) => Placement::Backend,
+        }
+    }
+
+    /// The micro-batches to run for `asked` on this device: as asked, except
+    /// that on a GPU "one per thread" (0) means one, since the GPU runs the
+    /// whole batch and splitting it across CPU threads would only cut the
+    /// kernels.
+    pub fn micro_batches(self, asked: usize) -> usize {
+        match (asked, self) {
+            (0, DeviceChoice::Cuda(_)) => 1,
+            (n, _) => n,
         }
     }
 }
@@ -77,6 +102,13 @@ mod tests {
             let e = bad.parse::<DeviceChoice>().unwrap_err();
             assert!(e.contains("expected cpu, cuda or cuda:N"), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_gpu_defaults_to_the_backend_placement_and_one_micro_batch() {
+        assert_eq!((DeviceChoice::Cpu.placement(), DeviceChoice::Cpu.micro_batches(0)), (Placement::Host, 0));
+        let gpu = DeviceChoice::Cuda(Some(1));
+        assert_eq!((gpu.placement(), gpu.micro_batches(0), gpu.micro_batches(4)), (Placement::Backend, 1, 4));
     }
 
     #[test]

@@ -7,10 +7,8 @@ use std::fmt::Write as _;
 use drove_proto::metric_names;
 use drove_proto::v1::RunState;
 
-use super::Verdict;
-use super::charts::Chart;
-use super::data::RunData;
-use crate::control::utc;
+use crate::charts::Chart;
+use crate::{RunData, Verdict, utc};
 
 /// `s` with `&`, `<`, `>` and quotes escaped for HTML text and attributes.
 pub fn escape(s: &str) -> String {
@@ -81,7 +79,7 @@ pub fn html(
     );
     let _ = writeln!(h, "<h1>drove run <code>{id}</code></h1>");
     header(&mut h, run, generated_ms);
-    let _ = writeln!(h, "<div class=\"verdict {}\">{}</div>", verdict.status, escape(&verdict.text));
+    let _ = writeln!(h, "<div class=\"verdict {}\">{}</div>", verdict.status.word(), escape(&verdict.text));
     options(&mut h, run);
     events(&mut h, run);
     if charts.is_empty() {

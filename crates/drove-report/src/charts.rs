@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use anyhow::anyhow;
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
@@ -14,7 +13,7 @@ use serde::Serialize;
 
 use drove_proto::metric_names::{self as metric, Score};
 
-use super::data::{Point, RunData};
+use crate::{DrawError, Point, RunData};
 
 /// Chart width in pixels (PNG) and user units (SVG).
 pub const WIDTH: u32 = 960;
@@ -357,13 +356,18 @@ pub fn outside_band(chart: &Chart) -> Option<(Vec<f64>, usize)> {
 }
 
 /// Registers DejaVu Sans as plotters' "sans-serif" once.
-fn fonts() -> anyhow::Result<()> {
+fn fonts() -> Result<(), DrawError> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED.get_or_init(|| {
         plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular()).is_ok()
             && plotters::style::register_font("sans-serif", FontStyle::Bold, dejavu::sans::bold()).is_ok()
     });
-    if ok { Ok(()) } else { Err(anyhow!("the compiled-in DejaVu Sans font did not load")) }
+    if ok { Ok(()) } else { Err(DrawError::Font) }
+}
+
+/// A plotters error, in words.
+fn plot(e: impl std::fmt::Display) -> DrawError {
+    DrawError::Plot(e.to_string())
 }
 
 /// A padded range holding every value of `values` (finite ones).
@@ -399,33 +403,33 @@ fn tick(v: f64) -> String {
 
 impl Chart {
     /// The chart as an SVG document.
-    pub fn svg(&self) -> anyhow::Result<String> {
+    pub fn svg(&self) -> Result<String, DrawError> {
         fonts()?;
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
-            self.draw(&root).map_err(|e| anyhow!("{e}"))?;
-            root.present().map_err(|e| anyhow!("{e}"))?;
+            self.draw(&root).map_err(plot)?;
+            root.present().map_err(plot)?;
         }
         Ok(svg)
     }
 
     /// The chart as a PNG file's bytes (RGB, [`WIDTH`] x [`HEIGHT`]).
-    pub fn png(&self) -> anyhow::Result<Vec<u8>> {
+    pub fn png(&self) -> Result<Vec<u8>, DrawError> {
         fonts()?;
         let mut rgb = vec![0u8; (WIDTH * HEIGHT * 3) as usize];
         {
             let root = BitMapBackend::with_buffer(&mut rgb, (WIDTH, HEIGHT)).into_drawing_area();
-            self.draw(&root).map_err(|e| anyhow!("{e}"))?;
-            root.present().map_err(|e| anyhow!("{e}"))?;
+            self.draw(&root).map_err(plot)?;
+            root.present().map_err(plot)?;
         }
         let mut png = Vec::new();
         let mut encoder = png::Encoder::new(&mut png, WIDTH, HEIGHT);
         encoder.set_color(png::ColorType::Rgb);
         encoder.set_depth(png::BitDepth::Eight);
-        let mut writer = encoder.write_header()?;
-        writer.write_image_data(&rgb)?;
-        writer.finish()?;
+        let mut writer = encoder.write_header().map_err(DrawError::Png)?;
+        writer.write_image_data(&rgb).map_err(DrawError::Png)?;
+        writer.finish().map_err(DrawError::Png)?;
         Ok(png)
     }
 
@@ -631,7 +635,7 @@ mod tests {
             }
         }
         let mut r = run(points);
-        let reform = |step: f64, rank: i32| super::super::data::Event {
+        let reform = |step: f64, rank: i32| crate::Event {
             rank,
             step,
             kind: metric::event::REFORM.into(),

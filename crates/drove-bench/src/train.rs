@@ -1,0 +1,283 @@
+//! The training suite: drove-ner's fine-tune at one rank, its throughput
+//! (sentences and tokens per second over the timed steps), where the time of
+//! a step goes, and the peak memory.
+//!
+//! Where it trains is a [`Trainer`]: [`Cpu`] here, or a GPU the caller opened
+//! (`drove bench train --device cuda` passes the CLI's own, which also trains
+//! `drove train ner`), so that this crate does not wire a GPU backend of its own.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use burn::backend::{Autodiff, Flex};
+use drove_comm::SingleProcess;
+use drove_ner::{NerError, NerOptions, NerSummary, Observer, StepReport, train_ner};
+use drove_train::gpu::DeviceChoice;
+use drove_train::{PhaseTimes, Placement};
+use serde::Serialize;
+
+use crate::error::Doing as _;
+use crate::{BenchError, median};
+
+/// Settings of the training suite (`drove bench train`, which adds `--device`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct TrainOptions {
+    /// Folder with the CoNLL-2003 files.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR", default_value = "assets/conll2003"))]
+    pub data: PathBuf,
+    /// Folder with the model.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR", default_value = "assets/minilm"))]
+    pub model: PathBuf,
+    /// Sentences per batch.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 32))]
+    pub batch_size: usize,
+    /// Steps timed (after --warmup-steps untimed ones); bucketed batches vary in
+    /// length, so fewer than ~50 give a noisy mean.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 60))]
+    pub steps: u64,
+    /// Untimed steps first.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
+    pub warmup_steps: u64,
+    /// Sort windows of N batches by length (0: off, as a plain random sampler).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 16))]
+    pub bucket_window: usize,
+    /// Micro-batches run at once (0: one per thread; 1: the whole batch on
+    /// the backend's own threads).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 0))]
+    pub micro_batches: usize,
+    /// Where parameters and optimizer state live: host or backend (default:
+    /// host on the CPU, backend on a GPU).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub placement: Option<Placement>,
+    /// Start from random weights of the model's shape (config.json only; for
+    /// throughput where the weights are not at hand).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub random_init: bool,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            data: "assets/conll2003".into(),
+            model: "assets/minilm".into(),
+            batch_size: 32,
+            steps: 60,
+            warmup_steps: 2,
+            bucket_window: 16,
+            micro_batches: 0,
+            placement: None,
+            random_init: false,
+        }
+    }
+}
+
+/// Where the suite trains: a device and the fine-tune on it.
+pub trait Trainer {
+    /// The device, as `--device` names it (a GPU by its number: `cuda:0`).
+    fn device(&self) -> DeviceChoice;
+
+    /// Fine-tunes with `options` at one rank, `observer` seeing every step.
+    fn train(&self, options: &NerOptions, observer: &mut dyn Observer) -> Result<NerSummary, NerError>;
+
+    /// Bytes of device memory in use, where the device tells (a GPU's driver).
+    fn memory_used_bytes(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The CPU: burn's `flex` backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Cpu;
+
+impl Trainer for Cpu {
+    fn device(&self) -> DeviceChoice {
+        DeviceChoice::Cpu
+    }
+
+    fn train(&self, options: &NerOptions, observer: &mut dyn Observer) -> Result<NerSummary, NerError> {
+        train_ner::<Autodiff<Flex>>(options, &SingleProcess, observer, &Default::default())
+    }
+}
+
+/// What the training suite reports (the JSON of `drove bench train`). The
+/// fields are in the order of their names: the JSON's keys always were.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TrainReport {
+    /// Sentences per batch.
+    pub batch_size: usize,
+    /// `train`.
+    pub benchmark: &'static str,
+    /// The bucketing window.
+    pub bucket_window: usize,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// GPU memory in use at the end (all processes), on a GPU.
+    pub gpu_memory_used_bytes: Option<u64>,
+    /// The median of the timed steps' sentences per second.
+    pub median_sentences_per_s: f64,
+    /// Micro-batches a step ran.
+    pub micro_batches: usize,
+    /// The model folder.
+    pub model: String,
+    /// Peak resident memory of this process, from /proc.
+    pub peak_rss_bytes: Option<u64>,
+    /// Mean seconds per timed step of each phase. Host syncs per step on the
+    /// backend placement: one per micro-batch (its loss) and one for the norm
+    /// (in `clip`).
+    pub phase_mean_seconds: PhaseMeans,
+    /// `host` or `backend`.
+    pub placement: String,
+    /// Whether the weights were random.
+    pub random_init: bool,
+    /// Sentences per second over the timed steps (total work over total time).
+    pub sentences_per_s: f64,
+    /// Steps timed.
+    pub steps_timed: usize,
+    /// rayon's threads (`RAYON_NUM_THREADS`, else the CPUs).
+    pub threads: usize,
+    /// Tokens per second over the timed steps (total work over total time).
+    pub tokens_per_s: f64,
+    /// Seconds of the whole run, loading the data and model included.
+    pub wall_seconds_including_load: f64,
+}
+
+/// Mean seconds per step of each phase (keys in the order of their names).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[allow(missing_docs)] // drove_train::PhaseTimes' fields.
+pub struct PhaseMeans {
+    pub all_reduce: f64,
+    pub clip: f64,
+    pub compute: f64,
+    pub update: f64,
+}
+
+/// Records each step's timing.
+struct Timer {
+    steps: Vec<(f64, f64)>, // (sentences/s, tokens/s)
+    phases: Vec<PhaseTimes>,
+}
+
+impl Observer for Timer {
+    fn step(&mut self, r: &StepReport) {
+        self.steps.push((r.sentences_per_s, r.tokens_per_s));
+        self.phases.push(r.phases);
+    }
+}
+
+/// Mean seconds per step of each phase over `phases`.
+fn phase_means(phases: &[PhaseTimes]) -> PhaseMeans {
+    let n = phases.len().max(1) as f64;
+    let mean = |f: fn(&PhaseTimes) -> Duration| phases.iter().map(|p| f(p).as_secs_f64()).sum::<f64>() / n;
+    PhaseMeans {
+        all_reduce: mean(|p| p.all_reduce),
+        clip: mean(|p| p.clip),
+        compute: mean(|p| p.compute),
+        update: mean(|p| p.update),
+    }
+}
+
+/// Peak resident memory of this process, from /proc.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Trains `o.warmup_steps + o.steps` steps of one epoch on `trainer` (no
+/// evaluation, output in a scratch folder) and reports the timed ones.
+pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, BenchError> {
+    let out = tempfile::tempdir().doing("creating a scratch folder")?;
+    let device = trainer.device();
+    let placement = o.placement.unwrap_or(device.placement());
+    let micro = device.micro_batches(o.micro_batches);
+    let opts = NerOptions {
+        data: o.data.clone(),
+        model: o.model.clone(),
+        out: out.path().to_path_buf(),
+        epochs: 1,
+        batch_size: o.batch_size,
+        eval_sets: Vec::new(),
+        bucket_window: Some(o.bucket_window),
+        micro_batches: micro,
+        placement,
+        max_steps: Some(o.warmup_steps + o.steps),
+        random_init: o.random_init,
+        ..NerOptions::default()
+    };
+    let mut timer = Timer { steps: Vec::new(), phases: Vec::new() };
+    let started = Instant::now();
+    trainer.train(&opts, &mut timer).map_err(BenchError::Ner)?;
+    let wall = started.elapsed().as_secs_f64();
+    let skip = o.warmup_steps.min(timer.steps.len() as u64) as usize;
+    let timed = &timer.steps[skip..];
+    // Harmonic means: total work over total time.
+    let mean = |f: fn(&(f64, f64)) -> f64| timed.len() as f64 / timed.iter().map(|s| 1.0 / f(s)).sum::<f64>();
+    Ok(TrainReport {
+        batch_size: o.batch_size,
+        benchmark: "train",
+        bucket_window: o.bucket_window,
+        device: device.to_string(),
+        gpu_memory_used_bytes: trainer.memory_used_bytes(),
+        median_sentences_per_s: median(timed.iter().map(|s| s.0).collect()).unwrap_or(0.0),
+        micro_batches: drove_train::micro::MicroBatches::resolve(micro, o.batch_size),
+        model: o.model.display().to_string(),
+        peak_rss_bytes: peak_rss_bytes(),
+        phase_mean_seconds: phase_means(&timer.phases[skip.min(timer.phases.len())..]),
+        placement: placement.to_string(),
+        random_init: o.random_init,
+        sentences_per_s: mean(|s| s.0),
+        steps_timed: timed.len(),
+        threads: std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|t| t.parse::<usize>().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        tokens_per_s: mean(|s| s.1),
+        wall_seconds_including_load: wall,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_s_keys_are_in_the_order_of_their_names() {
+        let report = TrainReport {
+            batch_size: 1,
+            benchmark: "train",
+            bucket_window: 0,
+            device: "cpu".into(),
+            gpu_memory_used_bytes: None,
+            median_sentences_per_s: 1.0,
+            micro_batches: 1,
+            model: "m".into(),
+            peak_rss_bytes: Some(1),
+            phase_mean_seconds: phase_means(&[]),
+            placement: "host".into(),
+            random_init: true,
+            sentences_per_s: 1.0,
+            steps_timed: 1,
+            threads: 1,
+            tokens_per_s: 1.0,
+            wall_seconds_including_load: 1.0,
+        };
+        let text = serde_json::to_string(&report).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(text, value.to_string(), "a struct's JSON as a sorted map's");
+        assert_eq!(value["gpu_memory_used_bytes"], serde_json::Value::Null);
+    }
+
+    #[cfg(feature = "clap")]
+    #[test]
+    fn no_flags_are_the_default_options() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            options: TrainOptions,
+        }
+        assert_eq!(Flags::parse_from(["train"]).options, TrainOptions::default());
+    }
+}
