@@ -106,7 +106,7 @@ pub fn shape_problem(shape: &[usize], len: usize) -> Option<String> {
 
 /// Why `opts` cannot reduce elements of `dtype`, if they cannot (scale
 /// factors on integers, or factors that are not finite).
-pub fn scale_problem(dtype: DType, opts: &crate::ReduceOptions) -> Option<String> {
+pub fn scale_problem(dtype: DType, opts: &crate::op::ReduceOptions) -> Option<String> {
     if !dtype.is_float() && (opts.prescale != 1.0 || opts.postscale != 1.0) {
         return Some(format!(
             "scale factors apply to floating-point tensors only (found {dtype} with prescale {} and postscale {})",
@@ -125,7 +125,7 @@ pub fn scale_problem(dtype: DType, opts: &crate::ReduceOptions) -> Option<String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ReduceOptions;
+    use crate::op::ReduceOptions;
 
     fn desc(shape: &[usize]) -> OpDesc {
         OpDesc {

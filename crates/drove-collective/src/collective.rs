@@ -3,51 +3,9 @@
 
 use std::sync::mpsc::{Receiver, Sender, channel};
 
-use crate::dtype::{Buffer, ReduceOp, TensorMut, TensorRef};
+use crate::dtype::{Buffer, TensorMut, TensorRef};
 use crate::error::CommError;
-use crate::op::OpDesc;
-
-/// How an all-reduce or reduce-scatter combines values.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ReduceOptions {
-    /// The combining op.
-    pub op: ReduceOp,
-    /// Factor applied to each rank's input before reducing (floats only).
-    pub prescale: f64,
-    /// Factor applied to the result (floats only).
-    pub postscale: f64,
-}
-
-impl ReduceOptions {
-    /// `op` without scaling.
-    pub fn new(op: ReduceOp) -> Self {
-        ReduceOptions { op, prescale: 1.0, postscale: 1.0 }
-    }
-    /// Sum.
-    pub fn sum() -> Self {
-        Self::new(ReduceOp::Sum)
-    }
-    /// Average.
-    pub fn average() -> Self {
-        Self::new(ReduceOp::Average)
-    }
-    /// With a pre-scale factor.
-    pub fn prescale(mut self, factor: f64) -> Self {
-        self.prescale = factor;
-        self
-    }
-    /// With a post-scale factor.
-    pub fn postscale(mut self, factor: f64) -> Self {
-        self.postscale = factor;
-        self
-    }
-}
-
-impl Default for ReduceOptions {
-    fn default() -> Self {
-        Self::sum()
-    }
-}
+use crate::op::{OpDesc, ReduceOptions};
 
 /// The result of an all-gather: every rank's tensor, concatenated on the first
 /// dimension in rank order.

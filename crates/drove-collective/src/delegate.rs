@@ -2,9 +2,10 @@
 //! once: an elastic member's current world, a wrapper that records its
 //! calls, a test's swappable communicator.
 
-use crate::collective::{Collective, Gathered, Pending, ReduceOptions};
+use crate::collective::{Collective, Gathered, Pending};
 use crate::dtype::{Buffer, TensorMut, TensorRef};
 use crate::error::CommError;
+use crate::op::ReduceOptions;
 use crate::op::{OpDesc, OpKind};
 use crate::place::Place;
 

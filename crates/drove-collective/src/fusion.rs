@@ -3,9 +3,10 @@
 
 use half::{bf16, f16};
 
-use crate::collective::{Collective, ReduceOptions};
+use crate::collective::Collective;
 use crate::dtype::{Buffer, DType};
 use crate::error::CommError;
+use crate::op::ReduceOptions;
 
 /// Default bucket size (Horovod's fusion threshold).
 pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;

@@ -57,13 +57,13 @@ pub mod reduce;
 mod single;
 
 pub use agree::{agree, scale_problem, shape_problem};
-pub use collective::{Collective, Gathered, Pending, ReduceOptions};
+pub use collective::{Collective, Gathered, Pending};
 pub use delegate::{Call, CallMode, Delegate};
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use elastic::{Elastic, Loss, MemberId, ReformCause, World, WorldRange};
 pub use error::CommError;
 pub use half::{bf16, f16};
 pub use local::{DEFAULT_LOCAL_TIMEOUT, LocalWorld};
-pub use op::{OpDesc, OpKind};
+pub use op::{OpDesc, OpKind, ReduceOptions};
 pub use place::{Place, PlaceError, Rank, WorldSize};
 pub use single::SingleProcess;

@@ -12,9 +12,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::agree::{agree, scale_problem, shape_problem};
-use crate::collective::{Collective, Gathered, ReduceOptions};
+use crate::collective::{Collective, Gathered};
 use crate::dtype::{Buffer, DType, TensorMut, TensorRef};
 use crate::error::CommError;
+use crate::op::ReduceOptions;
 use crate::op::{OpDesc, OpKind};
 use crate::place::Place;
 use crate::reduce::{Combine, combine_many, finish, scale_bytes, split_rows};

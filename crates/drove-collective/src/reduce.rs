@@ -211,3 +211,15 @@ pub fn split_rows(n: usize, parts: usize) -> Vec<std::ops::Range<usize>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_is_even_and_covers() {
+        assert_eq!(split_rows(10, 3), vec![0..4, 4..7, 7..10]);
+        assert_eq!(split_rows(2, 4), vec![0..1, 1..2, 2..2, 2..2]);
+        assert_eq!(split_rows(0, 2), vec![0..0, 0..0]);
+    }
+}

@@ -14,10 +14,11 @@ use drove_collective::{
     TensorRef, scale_problem, shape_problem,
 };
 
-use crate::engine::{Engine, Reduction};
+use crate::engine::Engine;
 use crate::liveness::{DEFAULT_HANG_LIMIT, Liveness};
 use crate::mesh::Mesh;
 use crate::profile::{RingProfile, RingStep};
+use crate::reduction::Reduction;
 use crate::rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
 use drove_collective::Place;
 

@@ -20,8 +20,10 @@
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::engine::{Deliver, Engine, Reduction, Ring, Staged};
+use crate::reduction::Reduction;
+use crate::ring::{Ring, RingRun};
 use crate::shm::Shm;
+use crate::staged::{Deliver, Staged};
 use drove_collective::CommError;
 use drove_collective::reduce::finish;
 
@@ -51,58 +53,41 @@ impl HostGroup {
     }
 }
 
-impl Engine {
-    /// All-reduce in three steps: to this host's leader, among the leaders,
-    /// back to this host's ranks.
-    pub(crate) fn hierarchical_all_reduce(
-        &mut self,
-        buf: &mut [u8],
-        red: Reduction,
-        clock: &mut Clock,
-    ) -> Result<(), CommError> {
-        let (rank, world) = (self.rank(), self.world());
-        let mut group = self.hosts.take().expect("a hierarchical world");
-        let result = self.hierarchical_steps(&mut group, rank, world, buf, red, clock);
-        self.hosts = Some(group);
-        result
+/// All-reduce in three steps: to this host's leader over shared memory,
+/// among the leaders over the ring, back to this host's ranks.
+pub(crate) fn all_reduce(
+    group: &mut HostGroup,
+    round: &mut usize,
+    run: &mut RingRun<'_>,
+    buf: &mut [u8],
+    red: Reduction,
+    clock: &mut Clock,
+) -> Result<(), CommError> {
+    let (rank, world) = (run.mesh.rank, run.mesh.world);
+    let leader = group.leader();
+    if let Some(shm) = group.shm.as_mut() {
+        let mut staged = Staged { shm, round: &mut *round, mesh: &*run.mesh, fault: &mut *run.fault };
+        staged.reduce(buf, red, Deliver::Slot(0), None, clock)?;
     }
-
-    fn hierarchical_steps(
-        &mut self,
-        group: &mut HostGroup,
-        rank: usize,
-        world: usize,
-        buf: &mut [u8],
-        red: Reduction,
-        clock: &mut Clock,
-    ) -> Result<(), CommError> {
-        let leader = group.leader();
-        if let Some(shm) = group.shm.as_mut() {
-            let mut staged =
-                Staged { shm, round: &mut self.shm_round, mesh: &self.mesh, fault: &mut self.fault };
-            staged.reduce(buf, red, Deliver::Slot(0), None, clock)?;
-        }
-        if rank == leader {
-            let between = if group.leaders.len() > 1 {
-                let ring = Ring::of(group.leaders.clone(), rank);
-                self.ring_all_reduce(&ring, buf, red, world, clock)
-            } else {
-                finish(red.dtype, red.op, world, red.postscale, buf);
-                Ok(())
-            };
-            if let Err(e) = between {
-                if let Some(shm) = group.shm.as_ref() {
-                    shm.abort(&e);
-                }
-                return Err(e);
+    if rank == leader {
+        let between = if group.leaders.len() > 1 {
+            let ring = Ring::of(group.leaders.clone(), rank);
+            run.all_reduce(&ring, buf, red, world, clock)
+        } else {
+            finish(red.dtype, red.op, world, red.postscale, buf);
+            Ok(())
+        };
+        if let Err(e) = between {
+            if let Some(shm) = group.shm.as_ref() {
+                shm.abort(&e);
             }
+            return Err(e);
         }
-        if let Some(shm) = group.shm.as_mut() {
-            let mut waiting = if rank == leader { clock.clone() } else { clock.with_grace(LEADER_GRACE) };
-            let mut staged =
-                Staged { shm, round: &mut self.shm_round, mesh: &self.mesh, fault: &mut self.fault };
-            staged.broadcast(buf, 0, &mut waiting)?;
-        }
-        Ok(())
     }
+    if let Some(shm) = group.shm.as_mut() {
+        let mut waiting = if rank == leader { clock.clone() } else { clock.with_grace(LEADER_GRACE) };
+        let mut staged = Staged { shm, round: &mut *round, mesh: &*run.mesh, fault: &mut *run.fault };
+        staged.broadcast(buf, 0, &mut waiting)?;
+    }
+    Ok(())
 }

@@ -45,8 +45,11 @@ mod hosts;
 mod liveness;
 mod mesh;
 mod profile;
+mod reduction;
 mod rendezvous;
+mod ring;
 mod shm;
+mod staged;
 
 pub use comm::{CommOptions, Communicator, Transport};
 pub use liveness::{DEFAULT_HANG_LIMIT, Liveness};
