@@ -230,7 +230,8 @@ def crate_roots(workspace):
         if not manifest.exists() or not src.is_dir():
             continue
         name = re.search(r'^name\s*=\s*"([^"]+)"', manifest.read_text(), re.M).group(1)
-        for root in [src / "lib.rs", src / "main.rs", *sorted(src.glob("bin/*.rs")), *sorted(src.glob("bin/*/main.rs"))]:
+        bins = sorted(src.glob("bin/*.rs")) + sorted(src.glob("bin/*/main.rs"))
+        for root in [src / "lib.rs", src / "main.rs", *bins]:
             if root.exists():
                 yield name, root
 
@@ -256,10 +257,12 @@ def main(argv):
     report = cycles(Path(args[0] if args else ".").resolve())
     if "--json" in argv:
         print(json.dumps({"cycles": report}, indent=2))
-    for cycle in [] if "--json" in argv else report:
+        return 1 if report else 0
+    for cycle in report:
         print(f"{cycle['crate']} ({cycle['root']}): {len(cycle['files'])} files in a cycle")
-        print("".join(f"  {e['from']} -> {e['to']}: {', '.join(e['names'])}\n" for e in cycle["edges"]), end="")
-    if not report and "--json" not in argv:
+        for e in cycle["edges"]:
+            print(f"  {e['from']} -> {e['to']}: {', '.join(e['names'])}")
+    if not report:
         print("no file cycles")
     return 1 if report else 0
 
