@@ -43,6 +43,8 @@ echo "test: kubernetes-validate --strict deploy/k8s/*.yaml"
 "$(dirname "$DROVE_TOOLS_PYTHON")/kubernetes-validate" --strict --quiet deploy/k8s/*.yaml
 echo "test: the GPU check's choice of CUDA headers and libraries (python3 -m unittest)"
 python3 -m unittest discover -s scripts -p 'test_gpu_check.py'
+echo "test: the file-level import-cycle checker (python3 -m unittest)"
+python3 -m unittest discover -s scripts -p 'test_module_cycles.py'
 echo "test: cargo fmt --check"
 cargo fmt --all -- --check
 echo "test: cargo clippy"

@@ -4,35 +4,11 @@
 
 use drove_seed::{Pcg64, SampleStreams, StreamKey};
 
+use crate::example::IGNORE_LABEL;
 use crate::mask::{MaskAction, Masker};
 use crate::sampler::shuffle;
-use crate::tokenize::IGNORE_LABEL;
 
-/// One tokenized sentence.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Example {
-    /// Token ids, with `[CLS]` and `[SEP]`.
-    pub input_ids: Vec<u32>,
-    /// One label per token: the word's label id on its first subword,
-    /// [`IGNORE_LABEL`] elsewhere.
-    pub labels: Vec<i64>,
-    /// The word each token belongs to (`None` for special tokens).
-    pub word_ids: Vec<Option<u32>>,
-    /// True for special tokens, which are never masked.
-    pub special: Vec<bool>,
-}
-
-impl Example {
-    /// Number of tokens.
-    pub fn len(&self) -> usize {
-        self.input_ids.len()
-    }
-
-    /// Whether there is no token.
-    pub fn is_empty(&self) -> bool {
-        self.input_ids.is_empty()
-    }
-}
+pub use crate::example::Example;
 
 /// How rows are padded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

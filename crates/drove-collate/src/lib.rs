@@ -38,6 +38,7 @@ pub mod batch;
 pub mod conll;
 pub mod diag;
 pub mod entities;
+mod example;
 pub mod loader;
 pub mod mask;
 pub mod sampler;

@@ -10,11 +10,10 @@ use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::processors::bert::BertProcessing;
 use tokenizers::{InputSequence, Tokenizer, TruncationParams};
 
-use crate::Example;
 use crate::conll::{LabelSet, Sentence};
+use crate::example::Example;
 
-/// The label of positions that take no part in the loss (PyTorch's `ignore_index`).
-pub const IGNORE_LABEL: i64 = -100;
+pub use crate::example::IGNORE_LABEL;
 
 /// An error building the tokenizer or encoding a sentence.
 #[derive(Debug, thiserror::Error)]

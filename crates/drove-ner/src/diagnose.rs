@@ -2,32 +2,11 @@
 //! parameter, compared across ranks at a diagnosed step.
 
 use drove_collate::Batch;
-use drove_collate::diag::{AgreementAccumulator, AgreementReport, RowMasks};
+use drove_collate::diag::{AgreementAccumulator, RowMasks};
 use drove_collective::{Buffer, Collective, Element};
 use drove_train::flat::cosine;
 
-use crate::{NerError, NerOptions, Observer};
-
-/// One diagnostic comparison across ranks.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct DiagnoseReport {
-    /// Step.
-    pub step: u64,
-    /// The mask comparison over every diagnosed step so far (this one
-    /// included): agreement, its expected value and band, the verdict
-    /// ([`AgreementReport::is_alarm`], [`AgreementReport::explain`]).
-    pub masks: AgreementReport,
-    /// Mean over pairs of ranks of the fraction of positions (maskable on both)
-    /// where the masks agree.
-    pub mask_agreement: f64,
-    /// This step's agreement of independent masks, `p^2 + (1-p)^2`.
-    pub mask_expected: f64,
-    /// The standard deviation of this step's agreement for independent masks
-    /// (its 3-sigma band is `mask_expected +- 3 mask_sigma`).
-    pub mask_sigma: f64,
-    /// Mean over pairs of ranks of the cosine similarity of their local gradients.
-    pub grad_cosine: f64,
-}
+use crate::{DiagnoseReport, NerError, NerOptions, Observer};
 
 /// The index of the parameter the diagnostic compares, when it runs.
 pub(crate) fn diagnosed_parameter(

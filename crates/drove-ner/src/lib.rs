@@ -55,14 +55,13 @@ mod summary;
 mod trace;
 
 pub use data::NerData;
-pub use diagnose::DiagnoseReport;
 pub use error::NerError;
 pub use eval::EvalReport;
 pub use fit::{train_ner, train_ner_elastic, train_ner_with};
 #[cfg(feature = "metrics")]
 pub use metrics::MetricsObserver;
 pub use model::load_model;
-pub use observer::{Observer, Quiet, ReformReport, StepReport};
+pub use observer::{DiagnoseReport, Observer, Quiet, ReformReport, StepReport};
 pub use options::{DEFAULT_BUCKET_WINDOW, MaskAlarm, NerOptions};
 pub use summary::NerSummary;
 pub use trace::{TraceLine, mask_hash};

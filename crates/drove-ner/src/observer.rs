@@ -1,6 +1,9 @@
-//! What the loop tells its caller as it goes.
+//! What the loop tells its caller as it goes: the [`Observer`] and the reports
+//! it is given (a step, a re-formed world, a diagnostic comparison).
 
-use crate::{DiagnoseReport, EvalReport};
+use drove_collate::diag::AgreementReport;
+
+use crate::EvalReport;
 
 /// One optimiser step, as seen by one rank.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -54,6 +57,27 @@ pub struct ReformReport {
     /// Seconds from the failure (or the decision to re-form) to the new
     /// world holding one state.
     pub seconds: f64,
+}
+
+/// One diagnostic comparison across ranks.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct DiagnoseReport {
+    /// Step.
+    pub step: u64,
+    /// The mask comparison over every diagnosed step so far (this one
+    /// included): agreement, its expected value and band, the verdict
+    /// ([`AgreementReport::is_alarm`], [`AgreementReport::explain`]).
+    pub masks: AgreementReport,
+    /// Mean over pairs of ranks of the fraction of positions (maskable on both)
+    /// where the masks agree.
+    pub mask_agreement: f64,
+    /// This step's agreement of independent masks, `p^2 + (1-p)^2`.
+    pub mask_expected: f64,
+    /// The standard deviation of this step's agreement for independent masks
+    /// (its 3-sigma band is `mask_expected +- 3 mask_sigma`).
+    pub mask_sigma: f64,
+    /// Mean over pairs of ranks of the cosine similarity of their local gradients.
+    pub grad_cosine: f64,
 }
 
 /// What the loop tells its caller as it goes (progress bars, metrics).

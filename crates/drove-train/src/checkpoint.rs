@@ -18,34 +18,7 @@ use safetensors::tensor::{Dtype, TensorView};
 
 use crate::flat::{FlatAdamW, FlatParams};
 
-/// A checkpoint that cannot be written or read.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// A file could not be read or written.
-    #[error("checkpoint {path}: {message}")]
-    Io {
-        /// The file or folder.
-        path: PathBuf,
-        /// What failed.
-        message: String,
-    },
-    /// A file that is not what a checkpoint holds.
-    #[error("checkpoint {path} is unreadable: {message}")]
-    Corrupt {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
-    /// A checkpoint of a different run shape.
-    #[error("checkpoint {path} does not fit this run: {message}")]
-    Mismatch {
-        /// The checkpoint folder.
-        path: PathBuf,
-        /// What differs.
-        message: String,
-    },
-}
+pub use crate::error::CheckpointError;
 
 fn io(path: &Path, what: &str, e: impl std::fmt::Display) -> CheckpointError {
     CheckpointError::Io { path: path.to_path_buf(), message: format!("{what}: {e}") }

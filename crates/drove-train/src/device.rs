@@ -62,7 +62,7 @@ impl<B: Backend> BucketAllReduce<B> for HostStaging {
         op: ReduceOptions,
     ) -> Result<Tensor<B, 1>, TrainError> {
         let device = bucket.device();
-        let mut staged = crate::to_f32(bucket.into_data(), 0)?;
+        let mut staged = crate::flat::to_f32(bucket.into_data(), 0)?;
         let n = staged.len();
         let fusion = FusionOptions { threshold_bytes: 0, compression: self.compression };
         all_reduce_fused(comm, name, &mut [staged.as_mut_slice()], op, fusion)?;
@@ -207,7 +207,7 @@ impl<B: Backend> DeviceAdamW<B> {
     /// The moments as host buffers (for a checkpoint).
     pub fn to_flat(&self) -> Result<FlatAdamW, TrainError> {
         let read = |ts: &[Tensor<B, 1>]| -> Result<Vec<Vec<f32>>, TrainError> {
-            ts.iter().enumerate().map(|(i, t)| crate::to_f32(t.clone().into_data(), i)).collect()
+            ts.iter().enumerate().map(|(i, t)| crate::flat::to_f32(t.clone().into_data(), i)).collect()
         };
         Ok(FlatAdamW {
             settings: self.settings,

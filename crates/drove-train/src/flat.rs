@@ -20,6 +20,12 @@ use crate::TrainError;
 /// large enough that a piece costs far more than handing it out.
 pub(crate) const PIECE: usize = 1 << 16;
 
+/// The values of `data` as f32 (parameter `index` in module order, for the error).
+pub(crate) fn to_f32(data: TensorData, index: usize) -> Result<Vec<f32>, TrainError> {
+    // `into_vec` hands over the tensor's own allocation when it can.
+    data.convert::<f32>().into_vec::<f32>().map_err(|e| TrainError::Data { index, message: format!("{e:?}") })
+}
+
 /// A model's float parameters, flattened, with their dotted names and shapes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FlatParams {
@@ -82,7 +88,7 @@ impl<B: Backend> ModuleVisitor<B> for Reader {
         let index = self.out.values.len();
         let tensor = param.val();
         let shape = tensor.dims().to_vec();
-        let values = match crate::to_f32(tensor.into_data(), index) {
+        let values = match to_f32(tensor.into_data(), index) {
             Ok(v) => v,
             Err(e) => {
                 self.error.get_or_insert(e);
@@ -128,7 +134,7 @@ pub fn take_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
             let index = self.out.len();
             let numel: usize = param.val().dims().iter().product();
             let values = match self.grads.remove::<B::InnerBackend, D>(param.id) {
-                Some(g) => crate::to_f32(g.into_data(), index).unwrap_or_else(|e| {
+                Some(g) => to_f32(g.into_data(), index).unwrap_or_else(|e| {
                     self.error.get_or_insert(e);
                     vec![0.0; numel]
                 }),

@@ -38,205 +38,40 @@
 //! whose one host crossing is [`BucketAllReduce`]). The replica holds the one
 //! placement its options name, which keeps the gradients it takes in its own
 //! form, so the two placements' gradients and states never mix.
+//!
+//! [`Placement`]: crate::Placement
+//! [`Placement::Host`]: crate::Placement::Host
+//! [`Placement::Backend`]: crate::Placement::Backend
 
-use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::module::AutodiffModule;
-use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
-use drove_collective::fusion::FusionOptions;
-use drove_collective::{Buffer, Collective, Element, Gathered, ReduceOptions};
+use drove_collective::{Buffer, Collective, Element};
 
 use crate::TrainError;
 use crate::checkpoint;
-
-mod resync;
 use crate::device::BucketAllReduce;
-use crate::flat::{AdamWSettings, FlatAdamW, FlatParams, NO_DECAY, decays};
-use crate::micro::{MicroBatches, fresh_leaves};
-use crate::placement::{Placement, PlacementStep, Start, UpdateSettings};
-use crate::schedule::{LrScaling, Schedule};
-use crate::timeline::{Timeline, Track};
+use crate::flat::{FlatAdamW, FlatParams, decays};
+use crate::micro::MicroBatches;
+use crate::placement::{PlacementStep, Start};
+use crate::timeline::Timeline;
+
+mod options;
+mod outcome;
+mod resync;
+mod rows;
+mod step;
+
+pub use crate::phase::PhaseTimes;
+pub use options::{LossReduction, ReplicaOptions};
+pub use outcome::StepOutcome;
 pub use resync::Resynced;
+pub use rows::{Micro, Rows, split_rows};
 
 /// The timeline of a replica that records none.
 static OFF: std::sync::LazyLock<Timeline> = std::sync::LazyLock::new(Timeline::off);
-
-/// What the loss closure returns, and so how micro-batches and backward passes
-/// add up.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum LossReduction {
-    /// The mean over the micro-batch's rows (burn's `Reduction::Mean`). The
-    /// replica weights it by the micro-batch's share of the step's rows on this
-    /// rank, `rows / (batch rows x backward_passes_per_step)`, so the summed
-    /// gradient is that of the mean over the whole step.
-    #[default]
-    Mean,
-    /// Used as it is: micro-batches and passes add up. For losses the caller
-    /// normalises itself (the NER trainer divides by the labelled tokens of the
-    /// global batch).
-    Sum,
-}
-
-/// How a [`Replica`] trains. Every rank must use the same options.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ReplicaOptions {
-    /// Peak learning rate for one rank, before [`lr_scaling`](Self::lr_scaling).
-    pub lr: f64,
-    /// How the rate grows with the world size (Horovod: linearly).
-    pub lr_scaling: LrScaling,
-    /// The rate over the run.
-    pub schedule: Schedule,
-    /// AdamW's betas, epsilon and decoupled weight decay.
-    pub adamw: AdamWSettings,
-    /// Parameters that take no weight decay: dotted names matched against
-    /// these patterns by [`decays`], where `*` stands for any run of
-    /// characters. The default, [`NO_DECAY`] (`["*bias", "*norm.*"]`), leaves
-    /// out biases and LayerNorm parameters, as transformers' `Trainer` does.
-    pub no_decay: Vec<String>,
-    /// Clip the averaged gradients to this global L2 norm (0: no clipping).
-    pub clip_norm: f64,
-    /// Split each batch into this many micro-batches run at once, each on a
-    /// thread pool of its own (0: one per thread of the global rayon pool).
-    pub micro_batches: usize,
-    /// Sum the gradients of this many [`Replica::step`] calls before one
-    /// all-reduce and update (gradient accumulation, as Horovod's).
-    pub backward_passes_per_step: usize,
-    /// What the loss closure returns.
-    pub loss: LossReduction,
-    /// Bucket size and wire compression of the gradient all-reduce.
-    pub fusion: FusionOptions,
-    /// Where parameters and optimizer state live.
-    pub placement: Placement,
-    /// The rank whose parameters every rank starts from.
-    pub root: usize,
-}
-
-impl Default for ReplicaOptions {
-    fn default() -> Self {
-        ReplicaOptions {
-            lr: 1e-3,
-            lr_scaling: LrScaling::Linear,
-            schedule: Schedule::Constant,
-            adamw: AdamWSettings::default(),
-            no_decay: NO_DECAY.map(String::from).to_vec(),
-            clip_norm: 0.0,
-            micro_batches: 0,
-            backward_passes_per_step: 1,
-            loss: LossReduction::Mean,
-            fusion: FusionOptions::default(),
-            placement: Placement::Host,
-            root: 0,
-        }
-    }
-}
-
-impl ReplicaOptions {
-    fn check(&self, world: usize) -> Result<(), TrainError> {
-        let bad = |field: &str, rule: &str, value: f64| {
-            Err(TrainError::Options(format!("{field} must be {rule}, found {value}")))
-        };
-        let a = &self.adamw;
-        if !(self.lr.is_finite() && self.lr >= 0.0) {
-            return bad("lr", "a finite number >= 0", self.lr);
-        }
-        if !(self.clip_norm.is_finite() && self.clip_norm >= 0.0) {
-            return bad("clip_norm", "a finite number >= 0 (0: no clipping)", self.clip_norm);
-        }
-        for (field, value) in [("adamw.beta1", a.beta1), ("adamw.beta2", a.beta2)] {
-            if !(0.0..1.0).contains(&value) {
-                return bad(field, "in [0, 1)", value);
-            }
-        }
-        if !(a.epsilon.is_finite() && a.epsilon > 0.0) {
-            return bad("adamw.epsilon", "a finite number > 0", a.epsilon);
-        }
-        if !(a.weight_decay.is_finite() && a.weight_decay >= 0.0) {
-            return bad("adamw.weight_decay", "a finite number >= 0", a.weight_decay);
-        }
-        if self.backward_passes_per_step == 0 {
-            return Err(TrainError::Options("backward_passes_per_step must be at least 1, found 0".into()));
-        }
-        if self.root >= world {
-            return Err(TrainError::Options(format!(
-                "root must be a rank of the world of {world}, found {}",
-                self.root
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// A batch a replica can split by rows into micro-batches.
-pub trait Rows: Sync {
-    /// Rows (examples) in the batch.
-    fn rows(&self) -> usize;
-}
-
-impl<T: Sync> Rows for [T] {
-    fn rows(&self) -> usize {
-        self.len()
-    }
-}
-
-impl<T: Sync> Rows for Vec<T> {
-    fn rows(&self) -> usize {
-        self.len()
-    }
-}
-
-/// One micro-batch, as the loss closure sees it.
-#[derive(Debug)]
-pub struct Micro<'a, T: ?Sized> {
-    /// The whole batch passed to [`Replica::step`].
-    pub batch: &'a T,
-    /// The rows of `batch` this micro-batch covers.
-    pub rows: Range<usize>,
-    /// Which micro-batch (0-based).
-    pub index: usize,
-    /// The factor the replica applies to the closure's loss (see
-    /// [`LossReduction`]).
-    pub weight: f64,
-}
-
-/// The time a step spent in each phase.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
-pub struct PhaseTimes {
-    /// Forward and backward passes (all micro-batches and passes of the step).
-    pub compute: Duration,
-    /// The gradient all-reduce.
-    pub all_reduce: Duration,
-    /// The global norm and clipping.
-    pub clip: Duration,
-    /// The optimizer update and writing the parameters back.
-    pub update: Duration,
-}
-
-/// What one [`Replica::step`] call did.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct StepOutcome {
-    /// Whether this call ended a step (all-reduce and update); false while
-    /// gradients are being accumulated.
-    pub applied: bool,
-    /// Optimizer steps applied so far.
-    pub step: u64,
-    /// Backward passes accumulated towards the current (or just applied) step.
-    pub passes: usize,
-    /// This rank's loss over the step so far: the weighted sum of its
-    /// micro-batches' losses over the accumulated passes.
-    pub local_loss: f64,
-    /// The mean of the ranks' local losses (when applied).
-    pub global_loss: Option<f64>,
-    /// The global norm of the averaged gradients before clipping (when applied).
-    pub grad_norm: Option<f64>,
-    /// The learning rate of the update (when applied).
-    pub lr: Option<f64>,
-    /// Time spent in each phase.
-    pub times: PhaseTimes,
-}
 
 /// One rank's replica of a model and its distributed step.
 ///
@@ -275,7 +110,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         options.check(comm.world_size())?;
         // One read: the broadcast buffers are the host placement's parameters.
         let mut params = FlatParams::read(&model)?;
-        crate::broadcast_flat(&mut params, comm, options.root)?;
+        crate::exchange::broadcast_flat(&mut params, comm, options.root)?;
         let model = params.write(model, device);
         Self::assemble(model, params, comm, options, device)
     }
@@ -321,7 +156,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         self
     }
 
-    /// Replaces the bucket all-reduce of the [`Placement::Backend`] placement
+    /// Replaces the bucket all-reduce of the [`Placement::Backend`](crate::Placement::Backend) placement
     /// (host staging by default) with `reducer`, e.g. a device collective.
     ///
     /// # Errors
@@ -372,169 +207,6 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
     /// The learning rate the next update will use.
     pub fn next_lr(&self) -> f64 {
         self.options.schedule.lr(self.peak_lr(), self.steps())
-    }
-
-    /// One backward pass over this rank's `batch` and, every
-    /// `backward_passes_per_step` calls, the update: gradients averaged across
-    /// ranks, clipped, and applied by AdamW. Every rank calls it as often.
-    ///
-    /// `loss(model, micro)` returns the loss of the rows `micro.rows` of
-    /// `micro.batch`, as [`ReplicaOptions::loss`] says; it runs once per
-    /// micro-batch, at once on several threads.
-    pub fn step<T, F>(&mut self, batch: &T, loss: F) -> Result<StepOutcome, TrainError>
-    where
-        T: Rows + ?Sized,
-        F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
-    {
-        let local = self.backward(batch, loss)?;
-        if self.passes < self.options.backward_passes_per_step {
-            return Ok(StepOutcome {
-                applied: false,
-                step: self.steps(),
-                passes: self.passes,
-                local_loss: local,
-                global_loss: None,
-                grad_norm: None,
-                lr: None,
-                times: PhaseTimes { compute: self.compute, ..PhaseTimes::default() },
-            });
-        }
-        self.apply()
-    }
-
-    /// One backward pass: the micro-batches' gradients are added to those
-    /// accumulated since the last update. Returns this rank's loss over the
-    /// step so far. [`step`](Self::step) is this followed, when due, by
-    /// [`apply`](Self::apply).
-    pub fn backward<T, F>(&mut self, batch: &T, loss: F) -> Result<f64, TrainError>
-    where
-        T: Rows + ?Sized,
-        F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
-    {
-        let started = Instant::now();
-        let rows = batch.rows();
-        if rows == 0 {
-            return Err(TrainError::Options("a step needs a batch of at least one row".into()));
-        }
-        let model = self.model();
-        let passes = self.options.backward_passes_per_step as f64;
-        let reduction = self.options.loss;
-        let jobs: Vec<_> = split_rows(rows, self.micro.count())
-            .into_iter()
-            .map(|range| (range, fresh_leaves(model.clone())))
-            .collect();
-        let timeline = self.timeline;
-        let pass = |index: usize, range: Range<usize>, model: &M| {
-            let weight = match reduction {
-                LossReduction::Mean => range.len() as f64 / rows as f64 / passes,
-                LossReduction::Sum => 1.0,
-            };
-            let micro = Micro { batch, rows: range, index, weight };
-            let forward = Instant::now();
-            let mut value = loss(model, &micro);
-            if reduction == LossReduction::Mean {
-                value = value.mul_scalar(weight);
-            }
-            let scalar = f64::from(value.clone().into_scalar().elem::<f32>());
-            timeline.record("forward", "micro", Track::Micro(index), forward);
-            let backward = Instant::now();
-            let grads = GradientsParams::from_grads(value.backward(), model);
-            timeline.record("backward", "micro", Track::Micro(index), backward);
-            (scalar, grads)
-        };
-        let total = self.placement.backward(&self.micro, jobs, &pass)?;
-        self.passes += 1;
-        self.local_loss += total;
-        self.compute += started.elapsed();
-        Ok(self.local_loss)
-    }
-
-    /// This rank's accumulated gradient of parameter `index` (module order),
-    /// before the all-reduce: for diagnostics such as the gradient cosine
-    /// between ranks.
-    pub fn local_gradient(&self, index: usize) -> Result<Vec<f32>, TrainError> {
-        let missing =
-            || TrainError::Options(format!("no gradient {index}: no backward pass since the last update"));
-        self.placement.local_gradient(index).ok_or_else(missing)?
-    }
-
-    /// The update of the passes accumulated so far: gradients averaged across
-    /// ranks, clipped by their global norm, and applied by AdamW. Every rank
-    /// calls it at the same step.
-    pub fn apply(&mut self) -> Result<StepOutcome, TrainError> {
-        if !self.placement.has_gradients() {
-            return Err(TrainError::Options("apply needs a backward pass first".into()));
-        }
-        let (comm, fusion, clip) = (self.comm, self.options.fusion, self.options.clip_norm);
-        let lr = self.next_lr();
-        let mut times = PhaseTimes { compute: std::mem::take(&mut self.compute), ..PhaseTimes::default() };
-        let local_loss = std::mem::take(&mut self.local_loss);
-        let passes = std::mem::take(&mut self.passes);
-        let step = self.steps() + 1;
-        // The loss first: a rank whose loss is not finite stops every rank
-        // before any update, so the parameters stay those of the last step.
-        let global_loss = match self.global_loss(local_loss) {
-            Ok(loss) if loss.is_finite() => loss,
-            other => {
-                self.placement.discard_gradients();
-                let loss = other?;
-                return Err(self.non_finite(step, "loss", loss, local_loss));
-            }
-        };
-        let settings = UpdateSettings { comm, fusion, clip, lr, timeline: self.timeline };
-        let model = self.model.take().expect("the model is always put back");
-        let (model, grad_norm) = self.placement.update(model, &settings, &mut times);
-        self.model = Some(model);
-        let grad_norm = match grad_norm {
-            Ok(norm) if !norm.is_finite() => {
-                return Err(self.non_finite(step, "global gradient norm", norm, local_loss));
-            }
-            other => other?,
-        };
-        Ok(StepOutcome {
-            applied: true,
-            step: self.steps(),
-            passes,
-            local_loss,
-            global_loss: Some(global_loss),
-            grad_norm: Some(grad_norm),
-            lr: Some(lr),
-            times,
-        })
-    }
-
-    /// The mean of the ranks' local losses (one scalar all-reduce).
-    fn global_loss(&self, local_loss: f64) -> Result<f64, TrainError> {
-        if self.comm.world_size() == 1 {
-            return Ok(local_loss);
-        }
-        let mut value = [local_loss];
-        let started = Instant::now();
-        let reduced =
-            self.comm.all_reduce("step.loss", &[1], f64::tensor_mut(&mut value), ReduceOptions::average());
-        self.timeline.record("loss all-reduce", "phase", Track::Main, started);
-        reduced?;
-        Ok(value[0])
-    }
-
-    /// The error of a step whose loss or gradient norm is not finite, naming
-    /// the ranks whose local loss was not (every rank gathers them, so all fail
-    /// with the same message).
-    fn non_finite(&self, step: u64, what: &'static str, value: f64, local_loss: f64) -> TrainError {
-        let ranks = if self.comm.world_size() > 1 {
-            match self.comm.all_gather("step.nonfinite", &[1], f64::tensor_ref(&[local_loss])) {
-                Ok(Gathered { data: Buffer::F64(losses), .. }) => {
-                    losses.iter().enumerate().filter(|(_, l)| !l.is_finite()).map(|(r, _)| r).collect()
-                }
-                Ok(_) => Vec::new(),
-                Err(e) => return e.into(),
-            }
-        } else if local_loss.is_finite() {
-            Vec::new()
-        } else {
-            vec![0]
-        };
-        TrainError::NonFinite { step, what, value, ranks }
     }
 
     /// Writes a checkpoint of the replica (parameters, AdamW moments, step)
@@ -632,24 +304,6 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
     }
 }
 
-/// Splits `rows` into at most `parts` contiguous ranges of near-equal size (the
-/// first ones one row larger), leaving out empty ones (the split
-/// `drove-collate`'s `Batch::split` makes too).
-pub fn split_rows(rows: usize, parts: usize) -> Vec<Range<usize>> {
-    let parts = parts.clamp(1, rows.max(1));
-    let (base, extra) = (rows / parts, rows % parts);
-    let mut start = 0;
-    let mut out = Vec::with_capacity(parts);
-    for p in 0..parts {
-        let len = base + usize::from(p < extra);
-        if len > 0 {
-            out.push(start..start + len);
-        }
-        start += len;
-    }
-    out
-}
-
 /// A 64-bit fingerprint of parameters, moments and step (FNV-1a over the bits
 /// of each buffer, the buffers' hashes combined in order).
 fn fingerprint(params: &FlatParams, optim: &FlatAdamW) -> u64 {
@@ -668,38 +322,4 @@ fn fingerprint(params: &FlatParams, optim: &FlatAdamW) -> u64 {
         .iter()
         .chain(std::iter::once(&optim.step))
         .fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x).wrapping_mul(0x100_0000_01b3))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rows_split_as_the_collator_splits_batches() {
-        assert_eq!(split_rows(16, 3), vec![0..6, 6..11, 11..16]);
-        assert_eq!(split_rows(2, 4), vec![0..1, 1..2]);
-        assert_eq!(split_rows(5, 1), vec![0..5]);
-    }
-
-    #[test]
-    fn no_decay_patterns_match_biases_and_layer_norms() {
-        let o = ReplicaOptions::default();
-        assert!(decays("bert.layers.0.query.weight", &o.no_decay));
-        assert!(!decays("bert.layers.0.query.bias", &o.no_decay));
-        assert!(!decays("bert.layers.0.attention_norm.gamma", &o.no_decay));
-        assert!(!decays("bert.embeddings.norm.beta", &o.no_decay));
-    }
-
-    #[test]
-    fn options_name_the_field_at_fault() {
-        let check = |o: ReplicaOptions| o.check(2).unwrap_err().to_string();
-        assert!(check(ReplicaOptions { lr: f64::NAN, ..Default::default() }).contains("lr must be"));
-        assert!(check(ReplicaOptions { clip_norm: -1.0, ..Default::default() }).contains("clip_norm"));
-        assert!(
-            check(ReplicaOptions { backward_passes_per_step: 0, ..Default::default() }).contains("backward")
-        );
-        assert!(check(ReplicaOptions { root: 2, ..Default::default() }).contains("root"));
-        let adamw = AdamWSettings { beta1: 1.0, ..Default::default() };
-        assert!(check(ReplicaOptions { adamw, ..Default::default() }).contains("adamw.beta1"));
-    }
 }

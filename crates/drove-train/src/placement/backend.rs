@@ -11,12 +11,12 @@ use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::{Pass, PlacementStep, UpdateSettings, accumulate, phase};
+use super::step::{Pass, PlacementStep, UpdateSettings, accumulate};
 use crate::TrainError;
 use crate::device::{BucketAllReduce, DeviceAdamW, all_reduce_buckets, clip_global_norm, take_gradients};
 use crate::flat::{FlatAdamW, FlatParams};
 use crate::micro::MicroBatches;
-use crate::replica::PhaseTimes;
+use crate::phase::{PhaseTimes, phase};
 
 /// [`DeviceAdamW`], the bucket all-reduce, and the gradients summed since the
 /// last update as flat 1-D tensors in module order.
@@ -64,7 +64,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
 
     fn local_gradient(&self, index: usize) -> Option<Result<Vec<f32>, TrainError>> {
         let grad = self.pending.as_ref()?.get(index)?;
-        Some(crate::to_f32(grad.clone().into_data(), index))
+        Some(crate::flat::to_f32(grad.clone().into_data(), index))
     }
 
     fn update(

@@ -12,12 +12,12 @@ use burn::tensor::backend::AutodiffBackend;
 use drove_collective::ReduceOptions;
 use drove_collective::fusion::all_reduce_fused;
 
-use super::{Pass, PlacementStep, UpdateSettings, accumulate, phase};
+use super::step::{Pass, PlacementStep, UpdateSettings, accumulate};
 use crate::TrainError;
 use crate::device::BucketAllReduce;
 use crate::flat::{FlatAdamW, FlatParams, clip_global_norm, global_norm, take_gradients};
 use crate::micro::{MicroBatches, add_into};
-use crate::replica::PhaseTimes;
+use crate::phase::{PhaseTimes, phase};
 
 /// [`FlatParams`] and [`FlatAdamW`], and the gradients summed since the last
 /// update as flat buffers in module order.

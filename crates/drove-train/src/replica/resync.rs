@@ -90,7 +90,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         mut optim: FlatAdamW,
         source: usize,
     ) -> Result<(FlatParams, FlatAdamW), TrainError> {
-        crate::broadcast_flat(&mut params, self.comm, source)?;
+        crate::exchange::broadcast_flat(&mut params, self.comm, source)?;
         for (index, (m, v)) in optim.m.iter_mut().zip(optim.v.iter_mut()).enumerate() {
             let shape = [m.len()];
             self.comm.broadcast(&format!("resync.m.{index}"), &shape, f32::tensor_mut(m), source)?;

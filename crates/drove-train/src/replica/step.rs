@@ -1,0 +1,185 @@
+//! The step of a [`Replica`]: the backward passes of this rank's batch
+//! ([`Replica::backward`]), and when they are due the update
+//! ([`Replica::apply`]): the loss all-reduce, the placement's gradient
+//! all-reduce, clipping and AdamW, and the error of a step that is not finite.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, Tensor};
+use drove_collective::{Buffer, Element, Gathered, ReduceOptions};
+
+use super::{LossReduction, Micro, Replica, Rows, StepOutcome, split_rows};
+use crate::TrainError;
+use crate::micro::fresh_leaves;
+use crate::phase::PhaseTimes;
+use crate::placement::UpdateSettings;
+use crate::timeline::Track;
+
+impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
+    /// One backward pass over this rank's `batch` and, every
+    /// `backward_passes_per_step` calls, the update: gradients averaged across
+    /// ranks, clipped, and applied by AdamW. Every rank calls it as often.
+    ///
+    /// `loss(model, micro)` returns the loss of the rows `micro.rows` of
+    /// `micro.batch`, as [`ReplicaOptions::loss`](super::ReplicaOptions::loss) says; it runs once per
+    /// micro-batch, at once on several threads.
+    pub fn step<T, F>(&mut self, batch: &T, loss: F) -> Result<StepOutcome, TrainError>
+    where
+        T: Rows + ?Sized,
+        F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
+    {
+        let local = self.backward(batch, loss)?;
+        if self.passes < self.options.backward_passes_per_step {
+            return Ok(StepOutcome {
+                applied: false,
+                step: self.steps(),
+                passes: self.passes,
+                local_loss: local,
+                global_loss: None,
+                grad_norm: None,
+                lr: None,
+                times: PhaseTimes { compute: self.compute, ..PhaseTimes::default() },
+            });
+        }
+        self.apply()
+    }
+
+    /// One backward pass: the micro-batches' gradients are added to those
+    /// accumulated since the last update. Returns this rank's loss over the
+    /// step so far. [`step`](Self::step) is this followed, when due, by
+    /// [`apply`](Self::apply).
+    pub fn backward<T, F>(&mut self, batch: &T, loss: F) -> Result<f64, TrainError>
+    where
+        T: Rows + ?Sized,
+        F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
+    {
+        let started = Instant::now();
+        let rows = batch.rows();
+        if rows == 0 {
+            return Err(TrainError::Options("a step needs a batch of at least one row".into()));
+        }
+        let model = self.model();
+        let passes = self.options.backward_passes_per_step as f64;
+        let reduction = self.options.loss;
+        let jobs: Vec<_> = split_rows(rows, self.micro.count())
+            .into_iter()
+            .map(|range| (range, fresh_leaves(model.clone())))
+            .collect();
+        let timeline = self.timeline;
+        let pass = |index: usize, range: Range<usize>, model: &M| {
+            let weight = match reduction {
+                LossReduction::Mean => range.len() as f64 / rows as f64 / passes,
+                LossReduction::Sum => 1.0,
+            };
+            let micro = Micro { batch, rows: range, index, weight };
+            let forward = Instant::now();
+            let mut value = loss(model, &micro);
+            if reduction == LossReduction::Mean {
+                value = value.mul_scalar(weight);
+            }
+            let scalar = f64::from(value.clone().into_scalar().elem::<f32>());
+            timeline.record("forward", "micro", Track::Micro(index), forward);
+            let backward = Instant::now();
+            let grads = GradientsParams::from_grads(value.backward(), model);
+            timeline.record("backward", "micro", Track::Micro(index), backward);
+            (scalar, grads)
+        };
+        let total = self.placement.backward(&self.micro, jobs, &pass)?;
+        self.passes += 1;
+        self.local_loss += total;
+        self.compute += started.elapsed();
+        Ok(self.local_loss)
+    }
+
+    /// This rank's accumulated gradient of parameter `index` (module order),
+    /// before the all-reduce: for diagnostics such as the gradient cosine
+    /// between ranks.
+    pub fn local_gradient(&self, index: usize) -> Result<Vec<f32>, TrainError> {
+        let missing =
+            || TrainError::Options(format!("no gradient {index}: no backward pass since the last update"));
+        self.placement.local_gradient(index).ok_or_else(missing)?
+    }
+
+    /// The update of the passes accumulated so far: gradients averaged across
+    /// ranks, clipped by their global norm, and applied by AdamW. Every rank
+    /// calls it at the same step.
+    pub fn apply(&mut self) -> Result<StepOutcome, TrainError> {
+        if !self.placement.has_gradients() {
+            return Err(TrainError::Options("apply needs a backward pass first".into()));
+        }
+        let (comm, fusion, clip) = (self.comm, self.options.fusion, self.options.clip_norm);
+        let lr = self.next_lr();
+        let mut times = PhaseTimes { compute: std::mem::take(&mut self.compute), ..PhaseTimes::default() };
+        let local_loss = std::mem::take(&mut self.local_loss);
+        let passes = std::mem::take(&mut self.passes);
+        let step = self.steps() + 1;
+        // The loss first: a rank whose loss is not finite stops every rank
+        // before any update, so the parameters stay those of the last step.
+        let global_loss = match self.global_loss(local_loss) {
+            Ok(loss) if loss.is_finite() => loss,
+            other => {
+                self.placement.discard_gradients();
+                let loss = other?;
+                return Err(self.non_finite(step, "loss", loss, local_loss));
+            }
+        };
+        let settings = UpdateSettings { comm, fusion, clip, lr, timeline: self.timeline };
+        let model = self.model.take().expect("the model is always put back");
+        let (model, grad_norm) = self.placement.update(model, &settings, &mut times);
+        self.model = Some(model);
+        let grad_norm = match grad_norm {
+            Ok(norm) if !norm.is_finite() => {
+                return Err(self.non_finite(step, "global gradient norm", norm, local_loss));
+            }
+            other => other?,
+        };
+        Ok(StepOutcome {
+            applied: true,
+            step: self.steps(),
+            passes,
+            local_loss,
+            global_loss: Some(global_loss),
+            grad_norm: Some(grad_norm),
+            lr: Some(lr),
+            times,
+        })
+    }
+
+    /// The mean of the ranks' local losses (one scalar all-reduce).
+    fn global_loss(&self, local_loss: f64) -> Result<f64, TrainError> {
+        if self.comm.world_size() == 1 {
+            return Ok(local_loss);
+        }
+        let mut value = [local_loss];
+        let started = Instant::now();
+        let reduced =
+            self.comm.all_reduce("step.loss", &[1], f64::tensor_mut(&mut value), ReduceOptions::average());
+        self.timeline.record("loss all-reduce", "phase", Track::Main, started);
+        reduced?;
+        Ok(value[0])
+    }
+
+    /// The error of a step whose loss or gradient norm is not finite, naming
+    /// the ranks whose local loss was not (every rank gathers them, so all fail
+    /// with the same message).
+    fn non_finite(&self, step: u64, what: &'static str, value: f64, local_loss: f64) -> TrainError {
+        let ranks = if self.comm.world_size() > 1 {
+            match self.comm.all_gather("step.nonfinite", &[1], f64::tensor_ref(&[local_loss])) {
+                Ok(Gathered { data: Buffer::F64(losses), .. }) => {
+                    losses.iter().enumerate().filter(|(_, l)| !l.is_finite()).map(|(r, _)| r).collect()
+                }
+                Ok(_) => Vec::new(),
+                Err(e) => return e.into(),
+            }
+        } else if local_loss.is_finite() {
+            Vec::new()
+        } else {
+            vec![0]
+        };
+        TrainError::NonFinite { step, what, value, ranks }
+    }
+}
