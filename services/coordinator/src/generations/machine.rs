@@ -1,4 +1,4 @@
-//! The state machine of an elastic run: [`Elastic`] and every transition
+//! The state machine of an elastic run: [`Generations`] and every transition
 //! between its generations (joins, closing, heartbeats, the watchdog,
 //! leaves), with no I/O.
 
@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use drove_proto::v1;
 
-use super::{Beat, ElasticJoin, End, Generation, GenerationError, GenerationState, LastBeat, Member};
+use super::{
+    Generation, GenerationEnding, GenerationError, GenerationState, Heard, LastBeat, Member, MemberJoin,
+};
 use crate::run_state::RunState;
 
 /// A member lost in this many of its generations in a row is left out of
@@ -18,7 +20,7 @@ pub const MAX_LOSSES_IN_A_ROW: usize = 3;
 
 /// An elastic run: its sizes and generations, oldest first.
 #[derive(Debug)]
-pub struct Elastic {
+pub struct Generations {
     /// Run.
     pub run_id: String,
     /// The fewest members a generation starts with.
@@ -30,14 +32,14 @@ pub struct Elastic {
     /// Each member's last heartbeat, and the generation it said it was in
     /// (a member waiting to join still beats for its old one).
     pub beats: HashMap<String, LastBeat>,
-    /// Generations changed since the last [`Elastic::take_changed`].
+    /// Generations changed since the last [`Generations::take_changed`].
     changed: BTreeSet<i64>,
 }
 
-impl Elastic {
+impl Generations {
     /// A run of no generations yet, taking `min..=max` members.
-    pub fn new(run_id: &str, min: usize, max: usize) -> Elastic {
-        Elastic {
+    pub fn new(run_id: &str, min: usize, max: usize) -> Generations {
+        Generations {
             run_id: run_id.to_string(),
             min,
             max,
@@ -55,11 +57,11 @@ impl Elastic {
         max: usize,
         mut generations: Vec<Generation>,
         now: Instant,
-    ) -> Elastic {
+    ) -> Generations {
         for g in &mut generations {
             g.last_join = now;
         }
-        Elastic { generations, ..Elastic::new(run_id, min, max) }
+        Generations { generations, ..Generations::new(run_id, min, max) }
     }
 
     /// The newest generation's number (0: none).
@@ -101,7 +103,7 @@ impl Elastic {
     }
 
     /// Why the run failed, if it did.
-    pub fn failure(&self) -> Option<&End> {
+    pub fn failure(&self) -> Option<&GenerationEnding> {
         let end = self.generations.last()?.end.as_ref()?;
         (end.kind == v1::EndKind::Failed).then_some(end)
     }
@@ -144,12 +146,12 @@ impl Elastic {
 }
 
 /// Joins.
-impl Elastic {
+impl Generations {
     /// Admits a join to the forming generation (opened if none is); returns
     /// its number. A member of the running generation re-joining ends it
     /// (with the join's cause); one joining it from outside (a newcomer, or a
     /// replacement) leaves it running, naming itself in its `reform` cause.
-    pub fn join(&mut self, j: &ElasticJoin, now: Instant, now_ms: i64) -> Result<i64, GenerationError> {
+    pub fn join(&mut self, j: &MemberJoin, now: Instant, now_ms: i64) -> Result<i64, GenerationError> {
         self.check_join(j)?;
         if let Some(f) = self.forming()
             && let Some(m) = f.member(&j.member_id)
@@ -198,7 +200,7 @@ impl Elastic {
     /// the member is in it from the same address, says it was last in an
     /// older generation, and has sent no heartbeat since it closed (a member
     /// that did has run in it, and joining again re-forms the world).
-    fn retry_of_running(&self, j: &ElasticJoin) -> Option<i64> {
+    fn retry_of_running(&self, j: &MemberJoin) -> Option<i64> {
         let r = self.running()?;
         let m = r.member(&j.member_id)?;
         // Beats for an older generation come from a member still waiting for
@@ -210,7 +212,7 @@ impl Elastic {
 
     /// The checks of a join against the run: its sizes, its
     /// `after_generation`, and whether the world re-formed without it.
-    fn check_join(&self, j: &ElasticJoin) -> Result<(), GenerationError> {
+    fn check_join(&self, j: &MemberJoin) -> Result<(), GenerationError> {
         if (j.min, j.max) != (self.min, self.max) {
             return Err(GenerationError::SizesDisagree {
                 run: self.run_id.clone(),
@@ -273,7 +275,7 @@ impl Elastic {
 
     /// What a member re-joining after its generation says of it: the step it
     /// reached, and the members its cause names lost.
-    fn record_rejoin(&mut self, j: &ElasticJoin) {
+    fn record_rejoin(&mut self, j: &MemberJoin) {
         let Some(g) = self.generation_mut(j.after) else { return };
         if g.state == GenerationState::Forming || g.member(&j.member_id).is_none() {
             return;
@@ -292,7 +294,7 @@ impl Elastic {
 
     /// The members `cause` names lost, but for `joiner` and those already
     /// back in the forming generation.
-    fn named_lost(&self, cause: &End, joiner: &str) -> Vec<String> {
+    fn named_lost(&self, cause: &GenerationEnding, joiner: &str) -> Vec<String> {
         if !cause.names_losses() {
             return Vec::new();
         }
@@ -303,13 +305,13 @@ impl Elastic {
     /// The running generation, on a join to the next: ended if the joiner is
     /// one of its members (it stopped training in it), else told that a
     /// member was added.
-    fn end_or_signal_running(&mut self, j: &ElasticJoin, now_ms: i64) {
+    fn end_or_signal_running(&mut self, j: &MemberJoin, now_ms: i64) {
         let Some(r) = self.generations.iter_mut().rev().find(|g| g.state == GenerationState::Running) else {
             return;
         };
         let number = r.number;
         if r.member(&j.member_id).is_none() {
-            End::merge(&mut r.reform, v1::EndKind::MemberAdded, &j.member_id);
+            GenerationEnding::merge(&mut r.reform, v1::EndKind::MemberAdded, &j.member_id);
             self.touch(number);
             return;
         }
@@ -317,7 +319,7 @@ impl Elastic {
         let end = if j.cause.kind != v1::EndKind::Unspecified {
             j.cause.clone()
         } else {
-            r.reform.clone().unwrap_or_else(|| End {
+            r.reform.clone().unwrap_or_else(|| GenerationEnding {
                 kind: v1::EndKind::Unspecified,
                 members: Vec::new(),
                 detail: format!("member {:?} re-joined (after generation {})", j.member_id, j.after),
@@ -364,7 +366,7 @@ impl Elastic {
 }
 
 /// Closing.
-impl Elastic {
+impl Generations {
     /// Closes the forming generation if the closing rule holds at `now`:
     /// the generation before it (if any) has ended, and it has `max`
     /// members, or at least `min` and either every member of the generation
@@ -448,7 +450,7 @@ impl Elastic {
 }
 
 /// Heartbeats, the watchdog, leaves.
-impl Elastic {
+impl Generations {
     /// Records a heartbeat of `member_id`, which runs in `generation`, and
     /// answers whether a newer generation forms or runs, and why.
     pub fn heartbeat(
@@ -456,7 +458,7 @@ impl Elastic {
         member_id: &str,
         generation: i64,
         now: Instant,
-    ) -> Result<Beat, GenerationError> {
+    ) -> Result<Heard, GenerationError> {
         if !self.generations.iter().any(|g| g.member(member_id).is_some()) {
             return Err(GenerationError::NotAMember {
                 run: self.run_id.clone(),
@@ -467,7 +469,7 @@ impl Elastic {
         let reform =
             self.generations.iter().any(|g| g.number > generation && g.state != GenerationState::Ended);
         let cause = self.generation(generation).and_then(|g| g.end.clone().or_else(|| g.reform.clone()));
-        Ok(Beat { newest: self.newest(), reform, cause: if reform { cause } else { None } })
+        Ok(Heard { newest: self.newest(), reform, cause: if reform { cause } else { None } })
     }
 
     /// Names lost the members of the running generation that sent heartbeats
@@ -495,7 +497,7 @@ impl Elastic {
         let r = self.generation_mut(number).expect("found above");
         for m in &silent {
             r.lost.insert(m.clone());
-            End::merge(&mut r.reform, v1::EndKind::Heartbeat, m);
+            GenerationEnding::merge(&mut r.reform, v1::EndKind::Heartbeat, m);
         }
         self.touch(number);
         self.open_forming(now);
@@ -521,7 +523,7 @@ impl Elastic {
             });
         }
         if !error.is_empty() {
-            let end = End {
+            let end = GenerationEnding {
                 kind: v1::EndKind::Failed,
                 members: vec![member_id.to_string()],
                 detail: error.to_string(),
@@ -546,16 +548,16 @@ impl Elastic {
         self.touch(number);
         if all_left {
             // The run is over: a generation forming after it never runs.
-            self.end_all(&End::of(v1::EndKind::Finished, &[]), step, now_ms);
+            self.end_all(&GenerationEnding::of(v1::EndKind::Finished, &[]), step, now_ms);
         }
         Ok(())
     }
 }
 
-impl Elastic {
+impl Generations {
     /// Ends every generation not ended yet with `end` (the run is over),
     /// those that ran at `step` at the latest.
-    fn end_all(&mut self, end: &End, step: i64, now_ms: i64) {
+    fn end_all(&mut self, end: &GenerationEnding, step: i64, now_ms: i64) {
         let open: Vec<i64> =
             self.generations.iter().filter(|g| g.state != GenerationState::Ended).map(|g| g.number).collect();
         for number in open {

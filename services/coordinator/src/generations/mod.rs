@@ -14,7 +14,7 @@
 //! (starts running, with dense ranks) only once the one before it has ended,
 //! so two generations never run at once: the one before keeps running until
 //! one of its members re-joins (a member that re-joins has stopped training
-//! in it), which ends it. [`Elastic::try_close`] is the closing rule:
+//! in it), which ends it. [`Generations::try_close`] is the closing rule:
 //! `max_size` members, or at least `min_size` and either every member of the
 //! previous generation not named lost is back or the settle time has passed
 //! since the last join. A member whose generation was replaced by one formed
@@ -24,16 +24,16 @@
 //! it (the answer was lost: a retry, not a re-join).
 //!
 //! Every change marks the generations it touched; the service writes those
-//! ([`Elastic::take_changed`]) to the store under the run's lock.
+//! ([`Generations::take_changed`]) to the store under the run's lock.
 
 mod error;
 mod machine;
 mod state;
 
 pub use error::GenerationError;
-pub use machine::{Elastic, MAX_LOSSES_IN_A_ROW};
+pub use machine::{Generations, MAX_LOSSES_IN_A_ROW};
 pub use state::{
-    Beat, DEFAULT_SETTLE, ElasticJoin, End, Generation, GenerationState, LastBeat, Member,
+    DEFAULT_SETTLE, Generation, GenerationEnding, GenerationState, Heard, LastBeat, Member, MemberJoin,
     ParseGenerationStateError,
 };
 

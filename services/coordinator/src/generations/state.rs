@@ -1,7 +1,7 @@
 //! The vocabulary of an elastic run's generations: where one is in its
-//! life ([`GenerationState`]), why it ended ([`End`]), its members, a join
+//! life ([`GenerationState`]), why it ended ([`GenerationEnding`]), its members, a join
 //! and a heartbeat's answer. Plain data; the transitions are in
-//! [`Elastic`](super::Elastic).
+//! [`Generations`](super::Generations).
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -79,7 +79,7 @@ impl From<GenerationState> for v1::GenerationState {
 
 /// Why a generation ended (or why a newer one forms while it runs).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct End {
+pub struct GenerationEnding {
     /// How it was seen.
     pub kind: v1::EndKind,
     /// The members lost (or added, for [`v1::EndKind::MemberAdded`]).
@@ -88,10 +88,14 @@ pub struct End {
     pub detail: String,
 }
 
-impl End {
+impl GenerationEnding {
     /// An end of `kind` naming `members`, without detail.
-    pub fn of(kind: v1::EndKind, members: &[&str]) -> End {
-        End { kind, members: members.iter().map(|m| m.to_string()).collect(), detail: String::new() }
+    pub fn of(kind: v1::EndKind, members: &[&str]) -> GenerationEnding {
+        GenerationEnding {
+            kind,
+            members: members.iter().map(|m| m.to_string()).collect(),
+            detail: String::new(),
+        }
     }
 
     /// As the wire carries it.
@@ -104,8 +108,8 @@ impl End {
     }
 
     /// From the wire (an unknown kind reads as unspecified).
-    pub fn from_proto(end: &v1::GenerationEnd) -> End {
-        End {
+    pub fn from_proto(end: &v1::GenerationEnd) -> GenerationEnding {
+        GenerationEnding {
             kind: v1::EndKind::try_from(end.kind).unwrap_or(v1::EndKind::Unspecified),
             members: end.members.clone(),
             detail: end.detail.clone(),
@@ -122,7 +126,7 @@ impl End {
 
     /// Adds `member` to a cause of `kind`; a loss replaces an addition (the
     /// world must re-form without the lost one whatever else happened).
-    pub(super) fn merge(cause: &mut Option<End>, kind: v1::EndKind, member: &str) {
+    pub(super) fn merge(cause: &mut Option<GenerationEnding>, kind: v1::EndKind, member: &str) {
         match cause {
             Some(c) if c.kind == kind => {
                 if !c.members.iter().any(|m| m == member) {
@@ -130,7 +134,7 @@ impl End {
                 }
             }
             Some(c) if c.names_losses() && kind == v1::EndKind::MemberAdded => {}
-            _ => *cause = Some(End::of(kind, &[member])),
+            _ => *cause = Some(GenerationEnding::of(kind, &[member])),
         }
     }
 }
@@ -167,9 +171,9 @@ pub struct Generation {
     /// generation does not wait for them.
     pub lost: BTreeSet<String>,
     /// While it runs: why a newer generation forms (members added or lost).
-    pub reform: Option<End>,
+    pub reform: Option<GenerationEnding>,
     /// Why it ended.
-    pub end: Option<End>,
+    pub end: Option<GenerationEnding>,
     /// Unix milliseconds it started running (0: not yet).
     pub started_ms: i64,
     /// Unix milliseconds it ended (0: not yet).
@@ -217,7 +221,7 @@ impl Generation {
         self.members.iter().map(|m| m.member_id.clone()).collect()
     }
 
-    pub(super) fn finish(&mut self, end: End, now_ms: i64) {
+    pub(super) fn finish(&mut self, end: GenerationEnding, now_ms: i64) {
         self.state = GenerationState::Ended;
         self.end = Some(end);
         self.ended_ms = now_ms;
@@ -241,7 +245,7 @@ impl Generation {
             world_size: if self.has_run() { self.world_size() as i32 } else { 0 },
             first_step: self.first_step,
             last_step: self.last_step,
-            end: self.end.as_ref().map(End::to_proto),
+            end: self.end.as_ref().map(GenerationEnding::to_proto),
             started_ms: self.started_ms,
             ended_ms: self.ended_ms,
         }
@@ -250,7 +254,7 @@ impl Generation {
 
 /// A join of an elastic run, checked field by field.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ElasticJoin {
+pub struct MemberJoin {
     /// The member's stable id.
     pub member_id: String,
     /// Its data-plane address.
@@ -268,18 +272,18 @@ pub struct ElasticJoin {
     /// Its last applied step.
     pub step: i64,
     /// Why it re-forms.
-    pub cause: End,
+    pub cause: GenerationEnding,
 }
 
 /// What a heartbeat of a member answers.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Beat {
+pub struct Heard {
     /// The newest generation's number.
     pub newest: i64,
     /// Whether a generation newer than the member's forms or runs.
     pub reform: bool,
     /// Why, when known.
-    pub cause: Option<End>,
+    pub cause: Option<GenerationEnding>,
 }
 
 /// A member's last heartbeat.

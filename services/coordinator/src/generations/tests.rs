@@ -9,8 +9,8 @@ use crate::run_state::RunState;
 
 const SETTLE: Duration = Duration::from_millis(200);
 
-fn join(member: &str, after: i64) -> ElasticJoin {
-    ElasticJoin {
+fn join(member: &str, after: i64) -> MemberJoin {
+    MemberJoin {
         member_id: member.into(),
         address: format!("{member}:1"),
         host: "h".into(),
@@ -19,17 +19,17 @@ fn join(member: &str, after: i64) -> ElasticJoin {
         after,
         settle: SETTLE,
         step: 0,
-        cause: End::of(v1::EndKind::Unspecified, &[]),
+        cause: GenerationEnding::of(v1::EndKind::Unspecified, &[]),
     }
 }
 
-fn rejoin(member: &str, after: i64, step: i64, cause: End) -> ElasticJoin {
-    ElasticJoin { step, cause, ..join(member, after) }
+fn rejoin(member: &str, after: i64, step: i64, cause: GenerationEnding) -> MemberJoin {
+    MemberJoin { step, cause, ..join(member, after) }
 }
 
 /// Generation 1 of `members` (2 or 3), running, ranks in member id order.
-fn running(members: &[&str], t0: Instant) -> Elastic {
-    let mut run = Elastic::new("r", 2, 3);
+fn running(members: &[&str], t0: Instant) -> Generations {
+    let mut run = Generations::new("r", 2, 3);
     for m in members {
         assert_eq!(run.join(&join(m, 0), t0, 1), Ok(1));
     }
@@ -38,7 +38,7 @@ fn running(members: &[&str], t0: Instant) -> Elastic {
     run
 }
 
-fn ranks(run: &Elastic, number: i64) -> Vec<(String, Option<usize>)> {
+fn ranks(run: &Generations, number: i64) -> Vec<(String, Option<usize>)> {
     run.generation(number).unwrap().members.iter().map(|m| (m.member_id.clone(), m.rank)).collect()
 }
 
@@ -63,7 +63,7 @@ fn a_state_reads_back_from_its_word() {
 #[test]
 fn generation_1_closes_at_max_at_once_and_below_max_only_once_settled() {
     let t0 = Instant::now();
-    let mut run = Elastic::new("r", 2, 3);
+    let mut run = Generations::new("r", 2, 3);
     run.join(&join("a", 0), t0, 1).unwrap();
     assert!(!run.try_close(t0 + SETTLE * 10, 1), "below min: never");
     assert_eq!(run.settle_deadline(), None);
@@ -82,11 +82,11 @@ fn generation_1_closes_at_max_at_once_and_below_max_only_once_settled() {
 #[test]
 fn a_retry_is_idempotent_and_another_address_for_one_id_is_refused() {
     let t0 = Instant::now();
-    let mut run = Elastic::new("r", 2, 3);
+    let mut run = Generations::new("r", 2, 3);
     assert_eq!(run.join(&join("a", 0), t0, 1), Ok(1));
     assert_eq!(run.join(&join("a", 0), t0, 1), Ok(1));
     assert_eq!(run.generation(1).unwrap().world_size(), 1);
-    let other = ElasticJoin { address: "elsewhere:2".into(), ..join("a", 0) };
+    let other = MemberJoin { address: "elsewhere:2".into(), ..join("a", 0) };
     let err = run.join(&other, t0, 1).unwrap_err();
     assert_eq!(err.code(), tonic::Code::AlreadyExists);
     assert!(err.to_string().contains("already in generation 1 of run \"r\" from a:1"), "{err}");
@@ -95,14 +95,14 @@ fn a_retry_is_idempotent_and_another_address_for_one_id_is_refused() {
 #[test]
 fn a_full_forming_generation_and_disagreeing_sizes_are_refused() {
     let t0 = Instant::now();
-    let mut run = Elastic::new("r", 2, 3);
+    let mut run = Generations::new("r", 2, 3);
     for m in ["a", "b", "c"] {
         run.join(&join(m, 0), t0, 1).unwrap();
     }
     let err = run.join(&join("d", 0), t0, 1).unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted);
     assert!(err.to_string().contains("max_size 3"), "{err}");
-    let err = run.join(&ElasticJoin { min: 1, ..join("d", 0) }, t0, 1).unwrap_err();
+    let err = run.join(&MemberJoin { min: 1, ..join("d", 0) }, t0, 1).unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(
         err.to_string().contains("min_size 1, max_size 3") && err.to_string().contains("min_size 2"),
@@ -117,7 +117,10 @@ fn a_full_forming_generation_and_disagreeing_sizes_are_refused() {
 fn survivors_re_form_at_once_when_every_member_not_lost_is_back() {
     let t0 = Instant::now();
     let mut run = running(&["a", "b", "c"], t0);
-    let lost = End { detail: "peer closed".into(), ..End::of(v1::EndKind::ClosedConnection, &["b"]) };
+    let lost = GenerationEnding {
+        detail: "peer closed".into(),
+        ..GenerationEnding::of(v1::EndKind::ClosedConnection, &["b"])
+    };
     assert_eq!(run.join(&rejoin("c", 1, 7, lost.clone()), t0, 5), Ok(2));
     let g1 = run.generation(1).unwrap();
     assert_eq!((g1.state, g1.end.as_ref(), g1.ended_ms), (GenerationState::Ended, Some(&lost), 5));
@@ -139,7 +142,7 @@ fn survivors_re_form_at_once_when_every_member_not_lost_is_back() {
 fn without_a_loss_named_the_forming_generation_waits_for_the_settle_time() {
     let t0 = Instant::now();
     let mut run = running(&["a", "b", "c"], t0);
-    let deadline = End::of(v1::EndKind::CollectiveDeadline, &[]);
+    let deadline = GenerationEnding::of(v1::EndKind::CollectiveDeadline, &[]);
     let t1 = t0 + Duration::from_secs(1);
     run.join(&rejoin("a", 1, 3, deadline.clone()), t1, 5).unwrap();
     run.join(&rejoin("c", 1, 3, deadline), t1, 5).unwrap();
@@ -159,9 +162,13 @@ fn a_newcomer_waits_for_the_running_generation_whose_members_are_told_to_re_form
     let beat = run.heartbeat("a", 1, t0).unwrap();
     assert_eq!(
         beat,
-        Beat { newest: 2, reform: true, cause: Some(End::of(v1::EndKind::MemberAdded, &["n"])) }
+        Heard {
+            newest: 2,
+            reform: true,
+            cause: Some(GenerationEnding::of(v1::EndKind::MemberAdded, &["n"]))
+        }
     );
-    let added = End::of(v1::EndKind::MemberAdded, &["n"]);
+    let added = GenerationEnding::of(v1::EndKind::MemberAdded, &["n"]);
     run.join(&rejoin("b", 1, 4, added.clone()), t0, 4).unwrap();
     assert!(!run.try_close(t0, 4), "a is not back");
     run.join(&rejoin("a", 1, 4, added.clone()), t0, 4).unwrap();
@@ -169,18 +176,19 @@ fn a_newcomer_waits_for_the_running_generation_whose_members_are_told_to_re_form
     assert_eq!(ranks(&run, 2), [("a".into(), Some(0)), ("b".into(), Some(1)), ("n".into(), Some(2))]);
     assert_eq!(run.generation(1).unwrap().end, Some(added));
     let beat = run.heartbeat("a", 2, t0).unwrap();
-    assert_eq!(beat, Beat { newest: 2, reform: false, cause: None });
+    assert_eq!(beat, Heard { newest: 2, reform: false, cause: None });
 }
 
 #[test]
 fn a_member_the_world_re_formed_without_was_left_out() {
     let t0 = Instant::now();
     let mut run = running(&["a", "b", "c"], t0);
-    let lost = End::of(v1::EndKind::ClosedConnection, &["c"]);
+    let lost = GenerationEnding::of(v1::EndKind::ClosedConnection, &["c"]);
     run.join(&rejoin("a", 1, 1, lost.clone()), t0, 2).unwrap();
     run.join(&rejoin("b", 1, 1, lost), t0, 2).unwrap();
     assert!(run.try_close(t0, 3));
-    let err = run.join(&rejoin("c", 1, 1, End::of(v1::EndKind::Unspecified, &[])), t0, 4).unwrap_err();
+    let err =
+        run.join(&rejoin("c", 1, 1, GenerationEnding::of(v1::EndKind::Unspecified, &[])), t0, 4).unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert_eq!(
         err.to_string(),
@@ -194,7 +202,7 @@ fn a_member_the_world_re_formed_without_was_left_out() {
 fn a_withdrawn_join_gives_its_place_back_and_the_shortfall_names_the_lost() {
     let t0 = Instant::now();
     let mut run = running(&["a", "b", "c"], t0);
-    run.join(&rejoin("a", 1, 1, End::of(v1::EndKind::CollectiveDeadline, &[])), t0, 2).unwrap();
+    run.join(&rejoin("a", 1, 1, GenerationEnding::of(v1::EndKind::CollectiveDeadline, &[])), t0, 2).unwrap();
     let why = run.shortfall(2);
     assert!(why.contains("[\"a\"] joined (min_size 2") && why.contains("lost: [\"b\", \"c\"]"), "{why}");
     assert!(!run.withdraw(2, "a", "other:1"), "another address's join is not this one");
@@ -217,7 +225,10 @@ fn a_silent_member_is_named_lost_once_and_the_others_re_form() {
     assert!(run.lose_silent(timeout, later).is_empty(), "once");
     assert_eq!(run.run_state(), RunState::Rendezvous, "generation 2 forms");
     let beat = run.heartbeat("a", 1, later).unwrap();
-    assert_eq!(beat, Beat { newest: 2, reform: true, cause: Some(End::of(v1::EndKind::Heartbeat, &["b"])) });
+    assert_eq!(
+        beat,
+        Heard { newest: 2, reform: true, cause: Some(GenerationEnding::of(v1::EndKind::Heartbeat, &["b"])) }
+    );
     let cause = beat.cause.unwrap();
     run.join(&rejoin("a", 1, 9, cause.clone()), later, 3).unwrap();
     run.join(&rejoin("c", 1, 9, cause), later, 3).unwrap();
@@ -255,11 +266,11 @@ fn leaving_finishes_the_run_once_every_member_left_and_an_error_fails_it() {
 #[test]
 fn a_resumed_forming_generation_settles_from_the_resume() {
     let t0 = Instant::now();
-    let mut run = Elastic::new("r", 2, 3);
+    let mut run = Generations::new("r", 2, 3);
     run.join(&join("a", 0), t0, 1).unwrap();
     run.join(&join("b", 0), t0, 1).unwrap();
     let t1 = t0 + Duration::from_secs(60);
-    let mut resumed = Elastic::resume("r", 2, 3, run.generations.clone(), t1);
+    let mut resumed = Generations::resume("r", 2, 3, run.generations.clone(), t1);
     assert_eq!(resumed.join(&join("a", 0), t1, 2), Ok(1), "a retry after the restart");
     assert!(!resumed.try_close(t1, 2));
     assert!(resumed.try_close(t1 + SETTLE, 2));
@@ -272,7 +283,7 @@ fn a_retry_after_its_generation_closed_is_answered_but_a_member_that_ran_re_form
     assert_eq!(run.join(&join("a", 0), t0, 3), Ok(1), "a retry: no heartbeat in generation 1 yet");
     assert_eq!(run.generation(1).unwrap().state, GenerationState::Running);
     assert!(run.world_of(1, "a").is_some());
-    let moved = ElasticJoin { address: "a:2".into(), ..join("a", 0) };
+    let moved = MemberJoin { address: "a:2".into(), ..join("a", 0) };
     // c still waits for its answer (a coordinator restart cut its call) and
     // beats for the generation before: its retry is still a retry.
     run.heartbeat("c", 0, t0).unwrap();
@@ -287,7 +298,7 @@ fn a_retry_after_its_generation_closed_is_answered_but_a_member_that_ran_re_form
 #[test]
 fn newcomers_take_ranks_by_member_id_in_natural_order_whichever_joined_first() {
     let t0 = Instant::now();
-    let mut run = Elastic::new("r", 2, 3);
+    let mut run = Generations::new("r", 2, 3);
     for m in ["h.7.slot-10", "h.7.slot-2", "h.7.slot-1"] {
         run.join(&join(m, 0), t0, 1).unwrap();
     }
@@ -303,15 +314,15 @@ fn newcomers_take_ranks_by_member_id_in_natural_order_whichever_joined_first() {
 fn a_member_lost_three_generations_in_a_row_is_left_out_and_named() {
     let t0 = Instant::now();
     let mut run = running(&["a", "b", "c"], t0);
-    let lose_b = |run: &mut Elastic, g: i64| {
-        let lost = End::of(v1::EndKind::ClosedConnection, &["b"]);
+    let lose_b = |run: &mut Generations, g: i64| {
+        let lost = GenerationEnding::of(v1::EndKind::ClosedConnection, &["b"]);
         run.join(&rejoin("a", g, 1, lost.clone()), t0, 1).unwrap();
         run.join(&rejoin("c", g, 1, lost), t0, 1).unwrap();
         assert!(run.try_close(t0, 1), "a and c re-form without b after generation {g}");
     };
-    let b_returns = |run: &mut Elastic, g: i64| -> Result<i64, GenerationError> {
+    let b_returns = |run: &mut Generations, g: i64| -> Result<i64, GenerationError> {
         let added = run.join(&join("b", 0), t0, 1)?;
-        let cause = End::of(v1::EndKind::MemberAdded, &["b"]);
+        let cause = GenerationEnding::of(v1::EndKind::MemberAdded, &["b"]);
         run.join(&rejoin("a", g, 2, cause.clone()), t0, 1).unwrap();
         run.join(&rejoin("c", g, 2, cause), t0, 1).unwrap();
         assert!(run.try_close(t0, 1), "max: b back at once");
@@ -337,18 +348,18 @@ fn a_member_lost_three_generations_in_a_row_is_left_out_and_named() {
 fn a_generation_a_member_ends_without_being_lost_breaks_its_row() {
     let t0 = Instant::now();
     let mut run = running(&["a", "b", "c"], t0);
-    let lost = End::of(v1::EndKind::ClosedConnection, &["b"]);
+    let lost = GenerationEnding::of(v1::EndKind::ClosedConnection, &["b"]);
     run.join(&rejoin("a", 1, 1, lost.clone()), t0, 1).unwrap();
     run.join(&rejoin("c", 1, 1, lost), t0, 1).unwrap();
     assert!(run.try_close(t0, 1));
     run.join(&join("b", 0), t0, 1).unwrap();
-    let added = End::of(v1::EndKind::MemberAdded, &["b"]);
+    let added = GenerationEnding::of(v1::EndKind::MemberAdded, &["b"]);
     run.join(&rejoin("a", 2, 2, added.clone()), t0, 1).unwrap();
     run.join(&rejoin("c", 2, 2, added), t0, 1).unwrap();
     assert!(run.try_close(t0, 1));
     assert_eq!(run.lost_in_a_row("b"), [1]);
     // Generation 3 ends by a's loss: b was in it and not lost.
-    let lose_a = End::of(v1::EndKind::ClosedConnection, &["a"]);
+    let lose_a = GenerationEnding::of(v1::EndKind::ClosedConnection, &["a"]);
     run.join(&rejoin("b", 3, 3, lose_a.clone()), t0, 1).unwrap();
     run.join(&rejoin("c", 3, 3, lose_a), t0, 1).unwrap();
     assert!(run.lost_in_a_row("b").is_empty(), "{:?}", run.lost_in_a_row("b"));
@@ -361,15 +372,15 @@ fn a_survivor_named_lost_by_another_that_re_joins_is_not_lost() {
     let mut run = running(&["a", "b", "c"], t0);
     // c is gone; a re-joins first, dropping its connections, so b sees a
     // closed connection from a and names it.
-    let c_lost = End::of(v1::EndKind::ClosedConnection, &["c"]);
+    let c_lost = GenerationEnding::of(v1::EndKind::ClosedConnection, &["c"]);
     run.join(&rejoin("a", 1, 5, c_lost.clone()), t0, 1).unwrap();
-    run.join(&rejoin("b", 1, 5, End::of(v1::EndKind::ClosedConnection, &["a"])), t0, 1).unwrap();
+    run.join(&rejoin("b", 1, 5, GenerationEnding::of(v1::EndKind::ClosedConnection, &["a"])), t0, 1).unwrap();
     assert!(run.try_close(t0, 1), "a and b back, c lost");
     assert_eq!(run.generation(1).unwrap().lost, BTreeSet::from(["c".to_string()]));
     assert!(run.lost_in_a_row("a").is_empty());
     // Named before it re-joins: back all the same.
     let mut run = running(&["a", "b", "c"], t0);
-    run.join(&rejoin("b", 1, 5, End::of(v1::EndKind::ClosedConnection, &["a"])), t0, 1).unwrap();
+    run.join(&rejoin("b", 1, 5, GenerationEnding::of(v1::EndKind::ClosedConnection, &["a"])), t0, 1).unwrap();
     run.join(&rejoin("a", 1, 5, c_lost), t0, 1).unwrap();
     assert_eq!(run.generation(1).unwrap().lost, BTreeSet::from(["c".to_string()]));
 }

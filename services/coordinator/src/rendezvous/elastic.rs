@@ -1,5 +1,5 @@
 //! The elastic half of the Rendezvous service: joins with `max_size` > 0 go
-//! through the run's [`Elastic`] generations (the transitions live there),
+//! through the run's [`Generations`] (the transitions live there),
 //! under the same lock as fixed runs, each change written to the store
 //! before the lock is released, and joins wait on the run's watch channel
 //! plus a timer for the forming generation's settle time.
@@ -15,14 +15,16 @@ use tokio::sync::watch;
 use tonic::{Response, Status};
 
 use super::{Keys, RendezvousService, Runs};
-use crate::generations::{DEFAULT_SETTLE, Elastic, ElasticJoin, End, GenerationError, GenerationState};
+use crate::generations::{
+    DEFAULT_SETTLE, GenerationEnding, GenerationError, GenerationState, Generations, MemberJoin,
+};
 use crate::store::now_ms;
 use crate::validate::{MAX_WORLD_SIZE, internal};
 
 /// An elastic run in memory: its generations, the watch channel its waiting
 /// joins follow, its keys.
 pub(super) struct ElasticRun {
-    pub(super) gens: Elastic,
+    pub(super) gens: Generations,
     changed: watch::Sender<u64>,
     pub(super) keys: Keys,
     /// Join calls waiting, per member: a timed-out join withdraws its member
@@ -55,7 +57,7 @@ impl Drop for Waiting {
 impl ElasticRun {
     fn new(run_id: &str, min: usize, max: usize) -> ElasticRun {
         ElasticRun {
-            gens: Elastic::new(run_id, min, max),
+            gens: Generations::new(run_id, min, max),
             changed: watch::channel(0).0,
             keys: Keys::default(),
             waiting: HashMap::new(),
@@ -69,7 +71,7 @@ impl ElasticRun {
         max: usize,
         generations: Vec<crate::generations::Generation>,
     ) -> ElasticRun {
-        let gens = Elastic::resume(run_id, min, max, generations, Instant::now());
+        let gens = Generations::resume(run_id, min, max, generations, Instant::now());
         ElasticRun { gens, ..ElasticRun::new(run_id, min, max) }
     }
 }
@@ -79,7 +81,7 @@ fn status(e: GenerationError) -> Status {
 }
 
 /// Checks the elastic fields of a join (`max_size` > 0) on their own.
-fn check_elastic(req: &JoinRequest) -> Result<ElasticJoin, Status> {
+fn check_elastic(req: &JoinRequest) -> Result<MemberJoin, Status> {
     let at = format!("run {:?}, member {:?}", req.run_id, req.member_id);
     let invalid = |what: String| Err(Status::invalid_argument(format!("{at}: {what}")));
     if req.member_id.is_empty() {
@@ -109,7 +111,7 @@ fn check_elastic(req: &JoinRequest) -> Result<ElasticJoin, Status> {
             return invalid(format!("{field} must be >= 0, found {value}"));
         }
     }
-    Ok(ElasticJoin {
+    Ok(MemberJoin {
         member_id: req.member_id.clone(),
         address: req.address.clone(),
         host: req.host.clone(),
@@ -118,10 +120,10 @@ fn check_elastic(req: &JoinRequest) -> Result<ElasticJoin, Status> {
         after: req.after_generation,
         settle: if req.settle_ms == 0 { DEFAULT_SETTLE } else { Duration::from_millis(req.settle_ms as u64) },
         step: req.step,
-        cause: req
-            .cause
-            .as_ref()
-            .map_or(End::of(drove_proto::v1::EndKind::Unspecified, &[]), End::from_proto),
+        cause: req.cause.as_ref().map_or(
+            GenerationEnding::of(drove_proto::v1::EndKind::Unspecified, &[]),
+            GenerationEnding::from_proto,
+        ),
     })
 }
 
@@ -161,7 +163,7 @@ impl RendezvousService {
     fn admit_elastic(
         &self,
         req: &JoinRequest,
-        j: &ElasticJoin,
+        j: &MemberJoin,
     ) -> Result<(i64, watch::Receiver<u64>), Status> {
         let mut guard = self.lock();
         let runs = &mut *guard;
@@ -347,7 +349,7 @@ impl RendezvousService {
         }
         let beat = run.gens.heartbeat(&req.member_id, req.generation, Instant::now()).map_err(status)?;
         response.reform = beat.reform;
-        response.reform_cause = beat.cause.as_ref().map(End::to_proto);
+        response.reform_cause = beat.cause.as_ref().map(GenerationEnding::to_proto);
         response.member_beats = member_beats(&run.gens, req.generation, Instant::now());
         Ok(Some(response))
     }
@@ -426,7 +428,7 @@ impl RendezvousService {
 
 /// How long ago each member of `generation` last sent a heartbeat (the ones
 /// heard from since this coordinator started).
-fn member_beats(gens: &Elastic, generation: i64, now: Instant) -> Vec<MemberBeat> {
+fn member_beats(gens: &Generations, generation: i64, now: Instant) -> Vec<MemberBeat> {
     let Some(g) = gens.generation(generation) else { return Vec::new() };
     g.members
         .iter()

@@ -4,7 +4,7 @@
 use rusqlite::params;
 
 use super::{Store, StoreError};
-use crate::generations::{End, Generation, GenerationState};
+use crate::generations::{Generation, GenerationEnding, GenerationState};
 
 impl Store {
     /// Records generation `g` of elastic run `run_id` (sized `min..=max`),
@@ -78,8 +78,8 @@ struct StoredEnd {
     detail: String,
 }
 
-impl From<&End> for StoredEnd {
-    fn from(e: &End) -> StoredEnd {
+impl From<&GenerationEnding> for StoredEnd {
+    fn from(e: &GenerationEnding) -> StoredEnd {
         StoredEnd {
             kind: e.kind.as_str_name().to_string(),
             members: e.members.clone(),
@@ -119,13 +119,13 @@ fn generation_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(usize, usize, Gene
     let reform = match reform {
         Some(text) => {
             let e: StoredEnd = from_json(&text, 8)?;
-            Some(End { kind: end_kind(&e.kind, 8)?, members: e.members, detail: e.detail })
+            Some(GenerationEnding { kind: end_kind(&e.kind, 8)?, members: e.members, detail: e.detail })
         }
         None => None,
     };
     let end_name: Option<String> = r.get(9)?;
     let end = match end_name {
-        Some(name) => Some(End {
+        Some(name) => Some(GenerationEnding {
             kind: end_kind(&name, 9)?,
             members: from_json(&r.get::<_, String>(10)?, 10)?,
             detail: r.get(11)?,
@@ -155,14 +155,14 @@ mod tests {
 
     #[test]
     fn generations_read_back_as_stored_and_start_over_with_their_run() {
-        use crate::generations::{Elastic, ElasticJoin};
+        use crate::generations::{Generations, MemberJoin};
         use drove_proto::v1::EndKind;
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.generations("e").unwrap(), None);
         let t0 = std::time::Instant::now();
-        let mut run = Elastic::new("e", 1, 2);
-        let join = |id: &str, after: i64, cause: End| ElasticJoin {
+        let mut run = Generations::new("e", 1, 2);
+        let join = |id: &str, after: i64, cause: GenerationEnding| MemberJoin {
             member_id: id.into(),
             address: format!("{id}:1"),
             host: "h".into(),
@@ -173,11 +173,14 @@ mod tests {
             step: 3,
             cause,
         };
-        let none = End::of(EndKind::Unspecified, &[]);
+        let none = GenerationEnding::of(EndKind::Unspecified, &[]);
         run.join(&join("a", 0, none.clone()), t0, 1).unwrap();
         run.join(&join("b", 0, none), t0, 1).unwrap();
         assert!(run.try_close(t0, 2));
-        let lost = End { detail: "closed".into(), ..End::of(EndKind::ClosedConnection, &["b"]) };
+        let lost = GenerationEnding {
+            detail: "closed".into(),
+            ..GenerationEnding::of(EndKind::ClosedConnection, &["b"])
+        };
         run.join(&join("a", 1, lost), t0, 3).unwrap();
         for g in run.take_changed() {
             store.put_generation("e", 1, 2, g).unwrap();
