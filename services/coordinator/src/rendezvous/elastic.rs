@@ -14,23 +14,13 @@ use drove_proto::v1::{
 use tokio::sync::watch;
 use tonic::{Response, Status};
 
-use super::{Keys, RendezvousService, Runs};
+use super::elastic_run::ElasticRun;
+use super::service::{RendezvousService, Runs};
 use crate::generations::{
     DEFAULT_SETTLE, GenerationEnding, GenerationError, GenerationState, Generations, MemberJoin,
 };
 use crate::store::now_ms;
 use crate::validate::{MAX_WORLD_SIZE, internal};
-
-/// An elastic run in memory: its generations, the watch channel its waiting
-/// joins follow, its keys.
-pub(super) struct ElasticRun {
-    pub(super) gens: Generations,
-    changed: watch::Sender<u64>,
-    pub(super) keys: Keys,
-    /// Join calls waiting, per member: a timed-out join withdraws its member
-    /// only if no other call of it (a client's retry) still waits.
-    waiting: HashMap<String, usize>,
-}
 
 /// One join call waiting for its generation; counted in its run's
 /// `waiting` until dropped (answered, timed out, or cancelled by the client).
@@ -52,32 +42,6 @@ impl Drop for Waiting {
             }
         }
     }
-}
-
-impl ElasticRun {
-    fn new(run_id: &str, min: usize, max: usize) -> ElasticRun {
-        ElasticRun {
-            gens: Generations::new(run_id, min, max),
-            changed: watch::channel(0).0,
-            keys: Keys::default(),
-            waiting: HashMap::new(),
-        }
-    }
-
-    /// A run a restarted coordinator found in the store.
-    pub(super) fn resume(
-        run_id: &str,
-        min: usize,
-        max: usize,
-        generations: Vec<crate::generations::Generation>,
-    ) -> ElasticRun {
-        let gens = Generations::resume(run_id, min, max, generations, Instant::now());
-        ElasticRun { gens, ..ElasticRun::new(run_id, min, max) }
-    }
-}
-
-fn status(e: GenerationError) -> Status {
-    Status::new(e.code(), e.to_string())
 }
 
 /// Checks the elastic fields of a join (`max_size` > 0) on their own.
@@ -441,4 +405,8 @@ fn member_beats(gens: &Generations, generation: i64, now: Instant) -> Vec<Member
             })
         })
         .collect()
+}
+
+fn status(e: GenerationError) -> Status {
+    Status::new(e.code(), e.to_string())
 }
