@@ -7,7 +7,7 @@ use std::io::Write as _;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use drove_proto::metric_names;
 use drove_proto::v1::{
     Aggregation, EndKind, Generation, GenerationState, GenerationsRequest, ListRunsRequest, MetricPoint,

@@ -30,12 +30,14 @@
 //! ```
 #![deny(missing_docs)]
 
+mod connect;
 mod heartbeat;
 mod membership;
 mod rendezvous;
 pub mod runtime;
 mod wire;
 
+pub use connect::{Authed, Clients, ConnectError, Connection, MAX_MESSAGE_BYTES, Token, endpoint};
 pub use heartbeat::DEFAULT_HEARTBEAT;
 pub use membership::{
     DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership, SILENT_AFTER_BEATS,

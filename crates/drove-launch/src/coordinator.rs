@@ -6,13 +6,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use drove_proto::client::{Authed, Clients, Token};
+use drove_control::{Authed, Clients, Connection};
 use drove_proto::v1::rendezvous_client::RendezvousClient;
 use drove_proto::v1::{
     GenerationState, GenerationsRequest, HeartbeatRequest, LeaveRequest, LeaveResponse, RunState,
 };
 use tonic::Code;
-use tonic::service::interceptor::InterceptedService;
 
 use crate::error::LaunchError;
 use crate::spawn::Event;
@@ -91,38 +90,20 @@ impl LaunchCoordinator {
 }
 
 /// Connects to the coordinator at `addr` (`host:port` or a URL), with `token`
-/// (if any) on every call. The error names the address and the cause.
+/// (if any) on every call, trusting the CA named by `DROVE_TLS_CA` for
+/// `https://`. The error names the address and the cause.
 pub async fn connect(addr: &str, token: Option<&str>) -> Result<Clients, LaunchError> {
-    let channel = connect_channel(addr).await?;
-    let token = Token::new(token)
-        .map_err(|e| LaunchError::Coordinator(format!("the token cannot be sent in an HTTP header: {e}")))?;
-    Ok(Clients::new(InterceptedService::new(channel, token)))
+    connection(addr, token).connect().await.map_err(|e| LaunchError::Coordinator(e.to_string()))
 }
 
 /// A channel to the coordinator at `addr`, without a token (for the health
 /// service, say). The error names the address and the cause.
 pub async fn connect_channel(addr: &str) -> Result<tonic::transport::Channel, LaunchError> {
-    let endpoint = drove_proto::client::endpoint(addr).map_err(|e| {
-        LaunchError::Coordinator(format!(
-            "{addr:?} is not a usable coordinator address (host:port, http:// or https://): {e}"
-        ))
-    })?;
-    endpoint.connect().await.map_err(|e| unreachable(addr, &e))
+    connection(addr, None).channel().await.map_err(|e| LaunchError::Coordinator(e.to_string()))
 }
 
-/// "cannot connect": the causes, without tonic's generic "transport error" and
-/// repeated layers.
-fn unreachable(addr: &str, e: &tonic::transport::Error) -> LaunchError {
-    let mut causes: Vec<String> = Vec::new();
-    let mut cause: Option<&dyn std::error::Error> = Some(e);
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if text != "transport error" && causes.last() != Some(&text) {
-            causes.push(text);
-        }
-        cause = c.source();
-    }
-    LaunchError::Coordinator(format!("cannot connect to the coordinator at {addr}: {}", causes.join(": ")))
+fn connection(addr: &str, token: Option<&str>) -> Connection {
+    Connection::new(addr, token).with_tls_ca(std::env::var_os(crate::var::TLS_CA).map(PathBuf::from))
 }
 
 /// A gRPC status as one line naming its code, e.g.

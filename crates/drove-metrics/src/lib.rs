@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use drove_proto::client::Authed;
+use drove_control::Authed;
 use drove_proto::v1::metrics_client::MetricsClient;
 use drove_proto::v1::{MetricPoint, PushRequest};
 
@@ -372,7 +372,9 @@ impl MetricsRecorder {
         };
         runtime.block_on(async {
             let call = async {
-                let channel = drove_proto::client::connect(&self.addr, self.token.as_deref())
+                let channel = drove_control::Connection::new(&self.addr, self.token.as_deref())
+                    .with_tls_ca(std::env::var_os("DROVE_TLS_CA").map(Into::into))
+                    .authed()
                     .await
                     .map_err(|e| e.to_string())?;
                 MetricsClient::new(channel)
@@ -554,7 +556,9 @@ impl Pusher {
         batch: Vec<MetricPoint>,
     ) -> Result<u64, String> {
         if client.is_none() {
-            let channel = drove_proto::client::connect(&self.addr, self.token.as_deref())
+            let channel = drove_control::Connection::new(&self.addr, self.token.as_deref())
+                .with_tls_ca(std::env::var_os("DROVE_TLS_CA").map(Into::into))
+                .authed()
                 .await
                 .map_err(|e| e.to_string())?;
             *client = Some(MetricsClient::new(channel));
