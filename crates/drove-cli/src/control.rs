@@ -7,7 +7,7 @@ use std::io::Write as _;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use drove_proto::metric_names;
 use drove_proto::v1::{
     Aggregation, EndKind, Generation, GenerationState, GenerationsRequest, ListRunsRequest, MetricPoint,
@@ -64,18 +64,12 @@ impl Target {
 
     /// Connects; with `--store`, first starts a coordinator on that store, which
     /// lives as long as the returned handle.
-    async fn connect(&self) -> anyhow::Result<(Clients, Option<drove_coordinator::Server>)> {
+    async fn connect(&self) -> anyhow::Result<(Clients, Option<drove_control::Server>)> {
         if let Some(store) = &self.store {
             if !store.is_dir() {
                 anyhow::bail!("no coordinator store at {}", store.display());
             }
-            let config = drove_coordinator::Config {
-                listen: ([127, 0, 0, 1], 0).into(),
-                store: store.clone(),
-                token: None,
-                ..Default::default()
-            };
-            let server = drove_coordinator::start(&config)
+            let server = drove_control::serve_in_process(([127, 0, 0, 1], 0).into(), store, None)
                 .await
                 .map_err(|e| anyhow!("opening the store {}: {e}", store.display()))?;
             let clients = connect(&server.addr().to_string(), None).await?;
@@ -621,7 +615,7 @@ pub fn health(args: &HealthArgs) -> anyhow::Result<()> {
     let rt = runtime("drove-health")?;
     let status = rt.block_on(async {
         let check = async {
-            let channel = drove_launch::connect_channel(&addr).await?;
+            let channel = drove_launch::connection(&addr, None).channel().await?;
             let reply = HealthClient::new(channel)
                 .check(HealthCheckRequest { service: args.service.clone() })
                 .await

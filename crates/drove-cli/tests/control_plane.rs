@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::Proc;
 
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use drove_proto::v1::{EndKind, GenerationEnd, JoinRequest, MetricPoint, PushRequest};
 use serde_json::Value;
 

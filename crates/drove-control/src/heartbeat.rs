@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::connect::{Clients, Connection};
 use drove_collective::{Rank, ReformCause};
-use drove_proto::client::Clients;
 use drove_proto::v1::{HeartbeatRequest, HeartbeatResponse};
 
 use crate::wire::{cause_from_wire, wire_rank};
@@ -88,13 +88,7 @@ impl Beating {
 /// Sends a heartbeat for `who` every `every`, on the control plane's
 /// runtime, for as long as the process lives (a stopped or hung process stops sending, which is the point); a
 /// coordinator that is away is tried again at the next beat.
-pub(crate) fn spawn_heartbeats(
-    addr: String,
-    token: Option<String>,
-    run_id: String,
-    who: Beating,
-    every: Duration,
-) {
+pub(crate) fn spawn_heartbeats(connection: Connection, run_id: String, who: Beating, every: Duration) {
     let beat = async move {
         {
             let mut clients: Option<Clients> = None;
@@ -104,8 +98,7 @@ pub(crate) fn spawn_heartbeats(
                 tick.tick().await;
                 let call = async {
                     if clients.is_none() {
-                        clients =
-                            Some(Clients::connect(&addr, token.as_deref()).await.map_err(|e| e.to_string())?);
+                        clients = Some(connection.connect().await.map_err(|e| e.to_string())?);
                     }
                     let c = clients.as_mut().expect("connected above");
                     let request = who.request(&run_id);
@@ -117,7 +110,7 @@ pub(crate) fn spawn_heartbeats(
                 match tokio::time::timeout(every.max(Duration::from_secs(1)) * 2, call).await {
                     Ok(Ok((response, generation))) => who.heard(response.get_ref(), generation),
                     Ok(Err(e)) => {
-                        tracing::debug!("heartbeat to {addr} failed: {e}");
+                        tracing::debug!("heartbeat to {} failed: {e}", connection.addr);
                         clients = None;
                     }
                     Err(_) => clients = None,

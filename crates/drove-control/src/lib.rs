@@ -30,14 +30,19 @@
 //! ```
 #![deny(missing_docs)]
 
+mod connect;
 mod heartbeat;
+pub mod launcher;
 mod membership;
 mod rendezvous;
 pub mod runtime;
+mod serve;
 mod wire;
 
+pub use connect::{Authed, Clients, ConnectError, Connection, MAX_MESSAGE_BYTES, Token, endpoint};
 pub use heartbeat::DEFAULT_HEARTBEAT;
 pub use membership::{
     DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership, SILENT_AFTER_BEATS,
 };
 pub use rendezvous::CoordinatorRendezvous;
+pub use serve::{Server, StartError, serve_in_process};

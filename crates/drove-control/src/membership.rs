@@ -119,7 +119,7 @@ impl ElasticComm {
         if let Some(every) = heartbeat {
             let rv = &comm.rendezvous;
             let who = Beating::Member(comm.member.as_str().to_string(), Arc::clone(&comm.beat));
-            spawn_heartbeats(rv.addr.clone(), rv.token.clone(), rv.run_id.clone(), who, every);
+            spawn_heartbeats(rv.connection(), rv.run_id.clone(), who, every);
         }
         Ok(comm)
     }

@@ -5,9 +5,9 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
+use crate::connect::Connection;
 use drove_collective::{CommError, MemberId, Rank, ReformCause, World, WorldRange, WorldSize};
 use drove_comm::{PeerTable, RankRequest, Rendezvous};
-use drove_proto::client::Clients;
 use drove_proto::v1::{JoinRequest, LeaveRequest};
 
 use crate::heartbeat::{Beating, DEFAULT_HEARTBEAT, spawn_heartbeats};
@@ -23,6 +23,7 @@ fn rendezvous_err(what: impl std::fmt::Display) -> CommError {
 pub struct CoordinatorRendezvous {
     pub(crate) addr: String,
     pub(crate) token: Option<String>,
+    pub(crate) tls_ca: Option<std::path::PathBuf>,
     pub(crate) run_id: String,
     request: RankRequest,
     pub(crate) bind: SocketAddr,
@@ -79,6 +80,7 @@ impl CoordinatorRendezvous {
         Ok(CoordinatorRendezvous {
             addr: addr.to_string(),
             token: token.map(str::to_string),
+            tls_ca: None,
             run_id: run_id.to_string(),
             request,
             bind: SocketAddr::new(ip, 0),
@@ -87,6 +89,18 @@ impl CoordinatorRendezvous {
             restart_count: 0,
             wait_for_coordinator: false,
         })
+    }
+
+    /// Trusts the certificate authority in the PEM file `ca` (if any) for an
+    /// `https://` coordinator.
+    pub fn with_tls_ca(mut self, ca: Option<std::path::PathBuf>) -> Self {
+        self.tls_ca = ca;
+        self
+    }
+
+    /// How the coordinator is reached: address, token and CA file.
+    pub fn connection(&self) -> Connection {
+        Connection { addr: self.addr.clone(), token: self.token.clone(), tls_ca: self.tls_ca.clone() }
     }
 
     /// How often the joined rank tells the coordinator it is alive (`None`:
@@ -124,7 +138,7 @@ impl CoordinatorRendezvous {
     /// Tells the coordinator this rank is done (with an error message if it failed).
     pub fn leave(&self, rank: Rank, error: Option<&str>) -> Result<(), CommError> {
         block_on(async {
-            let mut c = Clients::connect(&self.addr, self.token.as_deref()).await.map_err(rendezvous_err)?;
+            let mut c = self.connection().connect().await.map_err(rendezvous_err)?;
             c.rendezvous
                 .leave(LeaveRequest {
                     run_id: self.run_id.clone(),
@@ -156,9 +170,10 @@ impl CoordinatorRendezvous {
             let left = deadline.saturating_duration_since(Instant::now());
             request.timeout_ms = left.as_millis().max(1) as i64;
             let answer = block_on(async {
-                let mut c = Clients::connect(&self.addr, self.token.as_deref())
-                    .await
-                    .map_err(|e| tonic::Status::unavailable(format!("cannot reach the coordinator: {e}")))?;
+                let mut c =
+                    self.connection().connect().await.map_err(|e| {
+                        tonic::Status::unavailable(format!("cannot reach the coordinator: {e}"))
+                    })?;
                 c.rendezvous.join(request.clone()).await.map(tonic::Response::into_inner)
             })
             .unwrap_or_else(|e| Err(tonic::Status::internal(e.to_string())));
@@ -266,7 +281,7 @@ impl CoordinatorRendezvous {
         error: Option<&str>,
     ) -> Result<(), CommError> {
         block_on(async {
-            let mut c = Clients::connect(&self.addr, self.token.as_deref()).await.map_err(rendezvous_err)?;
+            let mut c = self.connection().connect().await.map_err(rendezvous_err)?;
             c.rendezvous
                 .leave(LeaveRequest {
                     run_id: self.run_id.clone(),
@@ -343,13 +358,7 @@ impl Rendezvous for CoordinatorRendezvous {
         })?;
         if let Some(every) = self.heartbeat {
             let rank = table.place().rank();
-            spawn_heartbeats(
-                self.addr.clone(),
-                self.token.clone(),
-                self.run_id.clone(),
-                Beating::Rank(rank),
-                every,
-            );
+            spawn_heartbeats(self.connection(), self.run_id.clone(), Beating::Rank(rank), every);
         }
         Ok(table)
     }

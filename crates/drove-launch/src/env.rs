@@ -36,6 +36,9 @@ pub mod var {
     pub const COORDINATOR: &str = "DROVE_COORDINATOR";
     /// The coordinator's bearer token.
     pub const TOKEN: &str = "DROVE_TOKEN";
+    /// The PEM file of the certificate authority an `https://` coordinator's
+    /// certificate is checked against.
+    pub const TLS_CA: &str = "DROVE_TLS_CA";
     /// How many times the launcher has restarted the world (0 in the first attempt).
     pub const RESTART_COUNT: &str = "DROVE_RESTART_COUNT";
     /// `launcher`: the launcher draws the progress bar from rank 0's progress lines.
@@ -127,6 +130,8 @@ pub struct LaunchEnv {
     pub slurm_node: Option<String>,
     /// `DROVE_TOKEN`, if set and not empty.
     pub token: Option<String>,
+    /// `DROVE_TLS_CA`: the CA file trusted for an `https://` coordinator.
+    pub tls_ca: Option<PathBuf>,
     /// `DROVE_RESTART_COUNT` (0 if unset).
     pub restart_count: u32,
     /// `DROVE_PROGRESS`: who shows rank 0's progress.
@@ -225,6 +230,7 @@ impl LaunchEnv {
             coordinator_source,
             slurm_node: read.text(var::SLURMD_NODENAME),
             token: read.text(var::TOKEN),
+            tls_ca: read.text(var::TLS_CA).map(PathBuf::from),
             restart_count: read.number(var::RESTART_COUNT)?.unwrap_or(0),
             progress: read.progress()?,
             timeline: read.text(var::TIMELINE).map(PathBuf::from),

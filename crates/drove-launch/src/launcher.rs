@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use drove_proto::client::Clients;
+use drove_control::Clients;
 
 use crate::console::Console;
 use crate::coordinator::{

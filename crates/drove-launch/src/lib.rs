@@ -67,7 +67,8 @@ mod spawn;
 mod supervise;
 
 pub use console::{Console, PlainConsole, Stream, prefixed};
-pub use coordinator::{CoordinatorChoice, connect, connect_channel, status_message};
+pub use coordinator::{CoordinatorChoice, connect, connection};
+pub use drove_control::launcher::status_message;
 /// The names of the metrics and events a run records (`drove report` and the
 /// Prometheus exporter read them).
 pub use drove_metrics::metric_names;

@@ -72,6 +72,7 @@ impl LaunchEnv {
         request: RankRequest,
     ) -> Result<CoordinatorRendezvous, LaunchError> {
         let rendezvous = CoordinatorRendezvous::new(addr, run_id, request, self.token.as_deref())?
+            .with_tls_ca(self.tls_ca.clone())
             .heartbeat(self.heartbeat)
             .restart_count(self.restart_count);
         Ok(match self.bind {

@@ -8,9 +8,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use drove_proto::v1::RunState;
-
-use crate::coordinator::{connect, run_state};
+use crate::coordinator::connection;
 use crate::error::LaunchError;
 
 /// Where the ranks' coordinator comes from.
@@ -56,7 +54,7 @@ pub const LINGER: Duration = Duration::from_secs(60);
 /// its port, with a temporary store.
 pub struct ServedCoordinator {
     runtime: tokio::runtime::Runtime,
-    server: Option<drove_coordinator::Server>,
+    server: Option<drove_control::Server>,
     dial: String,
     token: Option<String>,
     _store: tempfile::TempDir,
@@ -74,17 +72,13 @@ impl ServedCoordinator {
             .enable_all()
             .build()
             .map_err(|e| LaunchError::io("starting rank 0's coordinator runtime", e))?;
-        let config = drove_coordinator::Config {
-            listen: SocketAddr::from(([0, 0, 0, 0], port)),
-            store: store.path().to_path_buf(),
-            token: token.map(str::to_string),
-            ..Default::default()
-        };
-        let server = runtime.block_on(drove_coordinator::start(&config)).map_err(|e| {
-            LaunchError::Coordinator(format!(
-                "rank 0 cannot serve the coordinator on port {port} (the other ranks dial {dial}): {e}"
-            ))
-        })?;
+        let listen = SocketAddr::from(([0, 0, 0, 0], port));
+        let server =
+            runtime.block_on(drove_control::serve_in_process(listen, store.path(), token)).map_err(|e| {
+                LaunchError::Coordinator(format!(
+                    "rank 0 cannot serve the coordinator on port {port} (the other ranks dial {dial}): {e}"
+                ))
+            })?;
         tracing::info!(port, dial, "rank 0 serves the run's coordinator");
         Ok(ServedCoordinator {
             runtime,
@@ -99,16 +93,9 @@ impl ServedCoordinator {
     /// at most `within`, then stops serving.
     pub fn finish(mut self, run_id: &str, within: Duration) {
         let until = Instant::now() + within;
-        let ended = self.runtime.block_on(async {
-            let Ok(mut clients) = connect(&self.dial, self.token.as_deref()).await else { return false };
-            loop {
-                match run_state(&mut clients, run_id).await {
-                    Some(RunState::Finished | RunState::Failed) | None => return true,
-                    Some(_) if Instant::now() >= until => return false,
-                    Some(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-        });
+        let connection = connection(&self.dial, self.token.as_deref());
+        let ended =
+            self.runtime.block_on(drove_control::launcher::wait_for_run_end(&connection, run_id, until));
         if !ended {
             tracing::warn!(
                 "the other ranks had not all left run {run_id:?} after {within:?}: stopping its coordinator"

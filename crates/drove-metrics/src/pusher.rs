@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use drove_proto::client::Authed;
+use drove_control::Authed;
 use drove_proto::v1::metrics_client::MetricsClient;
 use drove_proto::v1::{MetricPoint, PushRequest, RunEvent};
 
@@ -110,7 +110,9 @@ impl Pusher {
         batch: Vec<MetricPoint>,
     ) -> Result<u64, String> {
         if client.is_none() {
-            let channel = drove_proto::client::connect(&self.addr, self.token.as_deref())
+            let channel = drove_control::Connection::new(&self.addr, self.token.as_deref())
+                .with_tls_ca(std::env::var_os("DROVE_TLS_CA").map(Into::into))
+                .authed()
                 .await
                 .map_err(|e| e.to_string())?;
             *client = Some(MetricsClient::new(channel));
@@ -153,7 +155,11 @@ pub(crate) fn send_event(
         .map_err(|e| format!("cannot start a runtime: {e}"))?;
     runtime.block_on(async {
         let call = async {
-            let channel = drove_proto::client::connect(addr, token).await.map_err(|e| e.to_string())?;
+            let channel = drove_control::Connection::new(addr, token)
+                .with_tls_ca(std::env::var_os("DROVE_TLS_CA").map(Into::into))
+                .authed()
+                .await
+                .map_err(|e| e.to_string())?;
             MetricsClient::new(channel)
                 .record_event(event)
                 .await

@@ -28,7 +28,7 @@ fn free_port() -> SocketAddr {
 /// (rank, step) of every raw `name` point of `run`.
 fn stored(rt: &tokio::runtime::Runtime, addr: SocketAddr, run: &str, name: &str) -> Vec<(i32, f64)> {
     rt.block_on(async {
-        let mut c = drove_proto::client::Clients::connect(&addr.to_string(), None).await.unwrap();
+        let mut c = drove_control::Clients::connect(&addr.to_string(), None).await.unwrap();
         let resp = c
             .metrics
             .query(QueryRequest {

@@ -2,7 +2,7 @@
 //! and the mean loss per step is read back; then the server shuts down.
 //!
 //! `cargo run -p drove-coordinator --example embedded`
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use drove_proto::v1::{Aggregation, JoinRequest, MetricPoint, PushRequest, QueryRequest};
 
 #[tokio::main]

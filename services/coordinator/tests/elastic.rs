@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use drove_proto::v1::{
     EndKind, Generation, GenerationEnd, GenerationState, GenerationsRequest, HeartbeatRequest, JoinRequest,
     JoinResponse, LeaveRequest, ListRunsRequest,

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use drove_proto::v1::{JoinRequest, LeaveRequest, MetricPoint, PushRequest, RunEvent};
 use serde_json::Value;
 

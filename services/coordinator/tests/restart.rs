@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use std::time::Duration;
 
 use drove_proto::v1::{

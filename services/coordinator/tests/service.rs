@@ -2,7 +2,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use drove_proto::v1::{
     Aggregation, BlobHeader, FetchRequest, JoinRequest, LeaveRequest, ListBlobsRequest, ListRunsRequest,
     MetricPoint, PublishChunk, PushRequest, QueryRequest, WatchRequest,
@@ -500,7 +500,7 @@ async fn with_a_token_calls_without_it_or_with_a_wrong_one_are_refused_and_write
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_serving_and_reflection_lists_the_drove_services() {
     let f = fixture(Some("tok")).await;
-    let channel = drove_proto::client::endpoint(&f.addr).unwrap().connect().await.unwrap();
+    let channel = drove_control::endpoint(&f.addr, None).unwrap().connect().await.unwrap();
     // Health stays open (orchestrators probe it without a token).
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
     for service in ["", "drove.v1.Rendezvous", "drove.v1.Weights", "drove.v1.Metrics"] {
@@ -519,7 +519,7 @@ async fn health_is_serving_and_reflection_lists_the_drove_services() {
     use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    let token = drove_proto::client::Token::new(Some("tok")).unwrap();
+    let token = drove_control::Token::new(Some("tok")).unwrap();
     let mut refl = ServerReflectionClient::with_interceptor(channel, token);
     let req = ServerReflectionRequest {
         host: String::new(),
@@ -554,9 +554,9 @@ async fn tls_serves_clients_that_trust_its_certificate() {
     let server = drove_coordinator::start(&config).await.unwrap();
     let url = format!("https://localhost:{}", server.addr().port());
     // Without a trusted CA the client refuses to start, saying how to fix it.
-    let err = drove_proto::client::endpoint_with_ca(&url, None).unwrap_err().to_string();
+    let err = drove_control::endpoint(&url, None).unwrap_err().to_string();
     assert!(err.contains("DROVE_TLS_CA"), "{err}");
-    let endpoint = drove_proto::client::endpoint_with_ca(&url, Some(&ca_path)).unwrap();
+    let endpoint = drove_control::endpoint(&url, Some(&ca_path)).unwrap();
     let channel = endpoint.connect().await.unwrap();
     let mut metrics = drove_proto::v1::metrics_client::MetricsClient::new(channel);
     assert!(metrics.list_runs(ListRunsRequest {}).await.unwrap().into_inner().runs.is_empty());

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use drove_proto::v1::{
     BlobHeader, FetchRequest, JoinRequest, ListRunsRequest, MetricPoint, PublishChunk, PushRequest,
 };

@@ -1,8 +1,8 @@
 //! Lists the runs a coordinator knows, with the generated client.
 //!
-//! `cargo run -p drove-proto --example list_runs -- HOST:PORT [TOKEN]`
+//! `cargo run -p drove-control --example list_runs -- HOST:PORT [TOKEN]`
 //! (start one with `drove coordinator --listen 127.0.0.1:50051`).
-use drove_proto::client::Clients;
+use drove_control::Clients;
 use drove_proto::v1::ListRunsRequest;
 
 #[tokio::main(flavor = "current_thread")]
