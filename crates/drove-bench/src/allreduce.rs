@@ -17,6 +17,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use drove_comm::{Collective, Communicator, Element, ReduceOp, ReduceOptions, Transport};
+use drove_launch::var;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Doing as _;
@@ -275,12 +276,12 @@ fn row(
     }
 }
 
-/// One rank of the suite: joins the others (`Communicator::from_env`: the
+/// One rank of the suite: joins the others (`drove_launch::connect_from_env`: the
 /// variables [`run`] sets), times every size of both collectives, and returns
 /// rank 0's rows (none on the other ranks). `drove bench allreduce-worker`
 /// prints each as a JSON line, which [`run`] reads back.
 pub fn worker(o: &WorkerOptions) -> Result<Vec<AllreduceRow>, BenchError> {
-    let comm = Communicator::from_env().doing("connecting to the other ranks")?;
+    let comm = drove_launch::connect_from_env().doing("connecting to the other ranks")?;
     let (rank, n) = (comm.rank(), comm.world_size());
     let mut rows = Vec::new();
     for &bytes in &o.sizes.0 {
@@ -354,10 +355,10 @@ fn spawn_ranks(
         let child = Command::new(&command.program)
             .args(&command.args)
             .args(["--sizes", &sizes.join(","), "--op", &o.op.to_string(), "--iters", &o.iters.to_string()])
-            .env("DROVE_RANK", rank.to_string())
-            .env("DROVE_WORLD_SIZE", o.np.to_string())
-            .env("DROVE_RENDEZVOUS_DIR", dir)
-            .env("DROVE_COMM_TRANSPORT", o.transport.as_str())
+            .env(var::RANK, rank.to_string())
+            .env(var::WORLD_SIZE, o.np.to_string())
+            .env(var::RENDEZVOUS_DIR, dir)
+            .env(var::COMM_TRANSPORT, o.transport.as_str())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

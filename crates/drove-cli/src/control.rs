@@ -55,7 +55,7 @@ impl Target {
     fn resolve(&self) -> anyhow::Result<(String, Option<String>)> {
         let addr = match &self.coordinator {
             Some(a) => a.clone(),
-            None => std::env::var("DROVE_COORDINATOR").map_err(|_| {
+            None => drove_launch::coordinator_from_env().ok_or_else(|| {
                 anyhow!("no coordinator given: pass --coordinator HOST:PORT or set DROVE_COORDINATOR")
             })?,
         };
@@ -82,7 +82,7 @@ impl Target {
 
 /// `token`, else `$DROVE_TOKEN` when set and not empty.
 pub(crate) fn token_or_env(token: Option<&str>) -> Option<String> {
-    token.map(str::to_string).or_else(|| std::env::var("DROVE_TOKEN").ok().filter(|t| !t.is_empty()))
+    token.map(str::to_string).or_else(drove_launch::token_from_env)
 }
 
 /// `drove coordinator`: serves until SIGINT or SIGTERM.
@@ -607,7 +607,7 @@ pub fn health(args: &HealthArgs) -> anyhow::Result<()> {
     };
     let addr = match &args.coordinator {
         Some(a) => a.clone(),
-        None => std::env::var("DROVE_COORDINATOR").map_err(|_| {
+        None => drove_launch::coordinator_from_env().ok_or_else(|| {
             anyhow!("no coordinator given: pass --coordinator HOST:PORT or set DROVE_COORDINATOR")
         })?,
     };

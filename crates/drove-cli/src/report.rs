@@ -37,7 +37,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
         None => Source::Coordinator {
             addr: match &args.coordinator {
                 Some(a) => a.clone(),
-                None => std::env::var("DROVE_COORDINATOR").map_err(|_| {
+                None => drove_launch::coordinator_from_env().ok_or_else(|| {
                     anyhow!(
                         "no run source given: pass --store DIR, or --coordinator HOST:PORT (or set \
                          DROVE_COORDINATOR)"

@@ -500,7 +500,7 @@ mod tests {
         let opts = Flags::parse_from(std::iter::once("ner").chain(flags.iter().copied())).args.options();
         // What the environment adds is not the flags' doing.
         NerOptions {
-            timeline: opts.timeline.filter(|_| std::env::var_os("DROVE_TIMELINE").is_none()),
+            timeline: opts.timeline.filter(|_| std::env::var_os(drove_launch::var::TIMELINE).is_none()),
             ..opts
         }
     }

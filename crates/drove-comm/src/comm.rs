@@ -19,11 +19,11 @@ use crate::liveness::{DEFAULT_HANG_LIMIT, Liveness};
 use crate::mesh::Mesh;
 use crate::profile::{RingProfile, RingStep};
 use crate::reduction::Reduction;
-use crate::rendezvous::{FileRendezvous, PeerTable, Rendezvous, StaticRendezvous};
+use crate::rendezvous::{PeerTable, Rendezvous};
 use drove_collective::Place;
 
 /// Which transport carries the data. A host is a kernel and a network
-/// namespace (or `DROVE_HOST_ID`, where set).
+/// namespace (or [`CommOptions::host_id`], where set).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
     /// Shared memory when every rank is on one host; the hierarchical
@@ -39,7 +39,7 @@ pub enum Transport {
 }
 
 impl Transport {
-    /// The setting's name, as `DROVE_COMM_TRANSPORT` takes it.
+    /// The setting's name, as [`FromStr`](std::str::FromStr) takes it.
     pub fn as_str(self) -> &'static str {
         match self {
             Transport::Auto => "auto",
@@ -89,6 +89,10 @@ pub struct CommOptions {
     /// How long an op waits for peers that are alive (see `liveness`) before
     /// it fails naming them (default 10 minutes).
     pub hang_limit: Duration,
+    /// This process's host identity, where given (drove-launch reads
+    /// `DROVE_HOST_ID`): ranks with equal ids share memory. `None` (the
+    /// default): the kernel's boot id and the network namespace.
+    pub host_id: Option<String>,
     /// Test hook: the process kills itself (SIGKILL) after moving this many bytes.
     #[doc(hidden)]
     pub fault_kill_after_bytes: Option<u64>,
@@ -115,44 +119,9 @@ impl Default for CommOptions {
             shm_chunk: 1 << 20,
             liveness: None,
             hang_limit: DEFAULT_HANG_LIMIT,
+            host_id: None,
             fault_kill_after_bytes: None,
         }
-    }
-}
-
-impl CommOptions {
-    /// Defaults, overridden by `DROVE_COMM_TIMEOUT`, `DROVE_COMM_WARN_AFTER`
-    /// and `DROVE_COMM_HANG_LIMIT` (seconds) and `DROVE_COMM_TRANSPORT`
-    /// (`auto`, `tcp` or `hierarchical`).
-    pub fn from_env() -> Result<Self, CommError> {
-        let mut o = CommOptions::default();
-        let secs = |name: &str| -> Result<Option<Duration>, CommError> {
-            match std::env::var(name) {
-                Ok(v) => v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|s| s.is_finite() && *s > 0.0)
-                    .map(|s| Some(Duration::from_secs_f64(s)))
-                    .ok_or_else(|| {
-                        CommError::Rendezvous(format!("{name}={v:?} is not a positive number of seconds"))
-                    }),
-                Err(_) => Ok(None),
-            }
-        };
-        if let Some(t) = secs("DROVE_COMM_TIMEOUT")? {
-            o.timeout = t;
-            o.warn_after = o.warn_after.min(t / 3);
-        }
-        if let Some(t) = secs("DROVE_COMM_WARN_AFTER")? {
-            o.warn_after = t;
-        }
-        if let Some(t) = secs("DROVE_COMM_HANG_LIMIT")? {
-            o.hang_limit = t;
-        }
-        if let Ok(v) = std::env::var("DROVE_COMM_TRANSPORT") {
-            o.transport = v.parse().map_err(CommError::Rendezvous)?;
-        }
-        Ok(o)
     }
 }
 
@@ -243,7 +212,8 @@ impl Communicator {
     ) -> Result<Communicator, CommError> {
         let place = table.place();
         let (rank, world, addrs) = (place.rank().get(), place.world().get(), table.addrs());
-        let mut mesh = Mesh::connect(generation, rank, world, &listener, addrs, deadline)?;
+        let host = crate::hosts::host_id(opts.host_id.as_deref());
+        let mut mesh = Mesh::connect(generation, rank, world, &listener, addrs, &host, deadline)?;
         drop(listener);
         let layout = crate::hosts::setup(&mut mesh, opts, deadline)?;
         let engine = Engine::new(mesh, layout, opts.deadlines(), opts.fault_kill_after_bytes);
@@ -266,20 +236,6 @@ impl Communicator {
             })
             .map_err(|e| CommError::io("starting the communicator thread", e))?;
         Ok(Communicator { shared, jobs: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)) })
-    }
-
-    /// Connects using the environment: `DROVE_RENDEZVOUS_DIR` (a shared
-    /// directory) if set, else `DROVE_PEERS` or `DROVE_PEERS_FILE`; options
-    /// from [`CommOptions::from_env`]. (Through a coordinator:
-    /// drove-control's `CoordinatorRendezvous`, which drove-launch builds
-    /// from `DROVE_COORDINATOR`.)
-    pub fn from_env() -> Result<Communicator, CommError> {
-        let opts = CommOptions::from_env()?;
-        if std::env::var_os("DROVE_RENDEZVOUS_DIR").is_some() {
-            Self::connect(&FileRendezvous::from_env()?, opts)
-        } else {
-            Self::connect(&StaticRendezvous::from_env()?, opts)
-        }
     }
 
     /// This rank in its world ([`Collective::rank`] and

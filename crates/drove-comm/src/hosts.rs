@@ -4,7 +4,8 @@
 //!
 //! A host is a kernel and a network namespace: the boot id alone would count
 //! containers and namespaces on one machine as one host, although they reach
-//! each other only through their network (`DROVE_HOST_ID` overrides it, as
+//! each other only through their network (`CommOptions::host_id`, which
+//! drove-launch reads from `DROVE_HOST_ID`, overrides it, as
 //! `HOROVOD_HOSTNAME` does for Horovod). The ids travel in the mesh's
 //! greeting, so every rank groups the world alike; every decision below is
 //! taken from what all ranks said, so all take the same one.
@@ -21,13 +22,13 @@ use drove_collective::CommError;
 /// The longest host id, in bytes (the greeting's limit).
 pub(crate) const MAX_HOST_ID: usize = 256;
 
-/// This process's host identity: `DROVE_HOST_ID` if set, else the kernel's
+/// This process's host identity: `given` if set and not empty, else the kernel's
 /// boot id and the network namespace (empty when neither can be read: such a
 /// rank shares memory with nobody). Cut to [`MAX_HOST_ID`] bytes here, so
 /// that a rank compares its own id exactly as the others receive it.
-pub(crate) fn host_id() -> String {
-    let id = match std::env::var("DROVE_HOST_ID") {
-        Ok(id) if !id.is_empty() => id,
+pub(crate) fn host_id(given: Option<&str>) -> String {
+    let id = match given {
+        Some(id) if !id.is_empty() => id.to_string(),
         _ => {
             let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
             if boot.trim().is_empty() {

@@ -15,7 +15,7 @@
 //! overlap; and where some ranks share a host and others do not, the
 //! all-reduce is hierarchical: shared memory within each host, the ring among
 //! one leader per host. A host is a kernel and a network namespace
-//! (`DROVE_HOST_ID` overrides it); [`Transport`] forces a choice. Two
+//! ([`CommOptions::host_id`] overrides it); [`Transport`] forces a choice. Two
 //! decisions shape it:
 //!
 //! - **Agreement before data.** Every op starts with every rank sending its
@@ -26,11 +26,16 @@
 //!   that dies is named as soon as its sockets close; one that stalls is named
 //!   in a warning, then in an error when the deadline (30 s by default) passes.
 //!
-//! ```no_run
-//! use drove_comm::{Collective, Communicator, ReduceOptions, Element};
+//! This crate reads no environment: a rendezvous and [`CommOptions`] are
+//! given to [`Communicator::connect`]. Under a launcher, drove-launch builds
+//! both from the launch contract (`drove_launch::connect_from_env()`).
 //!
-//! // DROVE_RANK, DROVE_WORLD_SIZE and DROVE_PEERS (or DROVE_RENDEZVOUS_DIR) set by the launcher.
-//! let comm = Communicator::from_env()?;
+//! ```no_run
+//! use drove_comm::{Collective, CommOptions, Communicator, Element, FileRendezvous, Place, ReduceOptions};
+//!
+//! // Rank 0 of 2, meeting the other in a folder both can see.
+//! let rendezvous = FileRendezvous::new("/tmp/drove-rendezvous", Place::new(0, 2)?);
+//! let comm = Communicator::connect(&rendezvous, CommOptions::default())?;
 //! let mut grad = vec![comm.rank() as f32; 1024];
 //! comm.all_reduce("grad", &[1024], f32::tensor_mut(&mut grad), ReduceOptions::average())?;
 //! # Ok::<(), drove_comm::CommError>(())
@@ -54,9 +59,7 @@ mod staged;
 pub use comm::{CommOptions, Communicator, Transport};
 pub use liveness::{DEFAULT_HANG_LIMIT, Liveness};
 pub use profile::RingStep;
-pub use rendezvous::{
-    FileRendezvous, PeerTable, RankRequest, Rendezvous, StaticRendezvous, launch_env, launch_vars,
-};
+pub use rendezvous::{FileRendezvous, PeerTable, RankRequest, Rendezvous, StaticRendezvous, parse_peers};
 // The seam this transport implements, re-exported so a program that opens a
 // communicator needs one import path.
 pub use drove_collective::{

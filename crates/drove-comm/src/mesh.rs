@@ -117,9 +117,10 @@ impl Mesh {
         world: usize,
         listener: &TcpListener,
         addrs: &[SocketAddr],
+        host: &str,
         deadline: Instant,
     ) -> Result<Mesh, CommError> {
-        let host = crate::hosts::host_id();
+        let host = host.to_string();
         let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
         let mut host_ids = vec![String::new(); world];
         host_ids[rank] = host.clone();

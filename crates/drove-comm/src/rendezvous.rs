@@ -1,6 +1,7 @@
-//! How ranks find each other: a small trait, with a static implementation from
-//! the environment and one through a shared directory. The coordinator service
-//! implements the same trait.
+//! How ranks find each other: a small trait, with a static implementation (a
+//! fixed table) and one through a shared directory. drove-control's
+//! coordinator rendezvous implements the same trait; drove-launch builds each
+//! from the launch environment.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -52,11 +53,6 @@ pub trait Rendezvous {
     fn exchange(&self, listening: SocketAddr, deadline: Instant) -> Result<PeerTable, CommError>;
 }
 
-fn parse_usize(name: &str, value: Option<String>) -> Result<usize, CommError> {
-    let value = value.ok_or_else(|| CommError::Rendezvous(format!("{name} is not set")))?;
-    value.trim().parse().map_err(|_| CommError::Rendezvous(format!("{name}={value:?} is not a whole number")))
-}
-
 /// The place a process asks for in its world: a given rank, or any free one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RankRequest {
@@ -84,43 +80,10 @@ impl RankRequest {
     }
 }
 
-/// The world size and the rank this process asks for, from a launcher's
-/// variables: `DROVE_WORLD_SIZE` (required, at least 1) and `DROVE_RANK`, or,
-/// in a Kubernetes Indexed Job, `JOB_COMPLETION_INDEX` (so that a restarted pod
-/// keeps its rank). Neither rank variable: any free rank
-/// ([`RankRequest::Any`]). `lookup` reads a variable (the process environment
-/// in [`launch_env`]).
-pub fn launch_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<RankRequest, CommError> {
-    let world = parse_usize("DROVE_WORLD_SIZE", lookup("DROVE_WORLD_SIZE"))?;
-    let world = WorldSize::new(world).map_err(|_| {
-        CommError::Rendezvous("DROVE_WORLD_SIZE=\"0\": the world needs at least 1 rank".into())
-    })?;
-    let named = |name: &str| lookup(name).map(|v| parse_usize(name, Some(v)).map(|r| (name.to_string(), r)));
-    let rank = match (named("DROVE_RANK").transpose()?, named("JOB_COMPLETION_INDEX").transpose()?) {
-        (Some((_, a)), Some((_, b))) if a != b => {
-            return Err(CommError::Rendezvous(format!(
-                "DROVE_RANK={a} and JOB_COMPLETION_INDEX={b} disagree: set one, or the same rank in both"
-            )));
-        }
-        (Some(r), _) | (None, Some(r)) => Some(r),
-        (None, None) => None,
-    };
-    let Some((name, r)) = rank else { return Ok(RankRequest::Any(world)) };
-    let place = Place::of(Rank::new(r), world).map_err(|_| {
-        CommError::Rendezvous(format!(
-            "{name}={r} is out of range for DROVE_WORLD_SIZE={world} (ranks are 0..{world})"
-        ))
-    })?;
-    Ok(RankRequest::Given(place))
-}
-
-/// [`launch_vars`] from this process's environment.
-pub fn launch_env() -> Result<RankRequest, CommError> {
-    launch_vars(|name| std::env::var(name).ok())
-}
-
-/// Parses `host:port` entries separated by `sep`; blank entries and `#` comments are skipped.
-fn parse_peers(text: &str, sep: char, source: &str) -> Result<Vec<SocketAddr>, CommError> {
+/// Parses `host:port` entries separated by `sep` (`,` in a list, `\n` in a
+/// file); blank entries and `#` comments are skipped. `source` names the list
+/// in errors (entry numbers count from 1).
+pub fn parse_peers(text: &str, sep: char, source: &str) -> Result<Vec<SocketAddr>, CommError> {
     text.split(sep)
         .enumerate()
         .map(|(i, a)| (i + 1, a.split('#').next().unwrap_or("").trim()))
@@ -133,11 +96,9 @@ fn parse_peers(text: &str, sep: char, source: &str) -> Result<Vec<SocketAddr>, C
         .collect()
 }
 
-/// A fixed address table: rank `r` listens on `peers[r]`.
-///
-/// From the environment: `DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_PEERS`
-/// (comma-separated `host:port`, one per rank, in rank order), or
-/// `DROVE_PEERS_FILE` (a file with one `host:port` per line, `#` comments).
+/// A fixed address table: rank `r` listens on `peers[r]` (drove-launch
+/// builds one from `DROVE_PEERS` or `DROVE_PEERS_FILE`, read with
+/// [`parse_peers`]).
 #[derive(Clone, Debug)]
 pub struct StaticRendezvous {
     table: PeerTable,
@@ -147,30 +108,6 @@ impl StaticRendezvous {
     /// A table given directly: `rank` listens on `peers[rank]`.
     pub fn new(rank: Rank, peers: Vec<SocketAddr>) -> Result<Self, CommError> {
         Ok(StaticRendezvous { table: PeerTable::new(rank, peers)? })
-    }
-
-    /// Reads `DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_PEERS` or `DROVE_PEERS_FILE`.
-    pub fn from_env() -> Result<Self, CommError> {
-        let rank = parse_usize("DROVE_RANK", std::env::var("DROVE_RANK").ok())?;
-        let world = parse_usize("DROVE_WORLD_SIZE", std::env::var("DROVE_WORLD_SIZE").ok())?;
-        let (source, peers) = if let Ok(file) = std::env::var("DROVE_PEERS_FILE") {
-            let text =
-                std::fs::read_to_string(&file).map_err(|e| CommError::io(format!("reading {file}"), e))?;
-            let peers = parse_peers(&text, '\n', "DROVE_PEERS_FILE")?;
-            (file, peers)
-        } else {
-            let list = std::env::var("DROVE_PEERS").map_err(|_| {
-                CommError::Rendezvous("neither DROVE_PEERS nor DROVE_PEERS_FILE is set".into())
-            })?;
-            ("DROVE_PEERS".to_string(), parse_peers(&list, ',', "DROVE_PEERS")?)
-        };
-        if peers.len() != world {
-            return Err(CommError::Rendezvous(format!(
-                "{source} lists {} addresses but DROVE_WORLD_SIZE is {world}",
-                peers.len()
-            )));
-        }
-        Self::new(Rank::new(rank), peers)
     }
 }
 
@@ -200,15 +137,6 @@ impl FileRendezvous {
     /// The rank at `place`, exchanging through `dir`, listening on 127.0.0.1.
     pub fn new(dir: impl AsRef<Path>, place: Place) -> Self {
         FileRendezvous { dir: dir.as_ref().to_path_buf(), place, bind: SocketAddr::from(([127, 0, 0, 1], 0)) }
-    }
-
-    /// Reads `DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_RENDEZVOUS_DIR`.
-    pub fn from_env() -> Result<Self, CommError> {
-        let rank = parse_usize("DROVE_RANK", std::env::var("DROVE_RANK").ok())?;
-        let world = parse_usize("DROVE_WORLD_SIZE", std::env::var("DROVE_WORLD_SIZE").ok())?;
-        let dir = std::env::var("DROVE_RENDEZVOUS_DIR")
-            .map_err(|_| CommError::Rendezvous("DROVE_RENDEZVOUS_DIR is not set".into()))?;
-        Ok(Self::new(dir, Place::new(rank, world)?))
     }
 }
 
@@ -262,54 +190,6 @@ impl Rendezvous for FileRendezvous {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let map: std::collections::HashMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        move |name| map.get(name).cloned()
-    }
-
-    #[test]
-    fn launch_variables_give_the_world_and_the_requested_rank() {
-        let ok = |pairs: &[(&str, &str)]| {
-            let request = launch_vars(vars(pairs)).unwrap();
-            (request.world().get(), request.rank().map(Rank::get))
-        };
-        assert_eq!(ok(&[("DROVE_WORLD_SIZE", "4")]), (4, None));
-        assert_eq!(ok(&[("DROVE_WORLD_SIZE", "4"), ("DROVE_RANK", "2")]), (4, Some(2)));
-        assert_eq!(ok(&[("DROVE_WORLD_SIZE", " 4 "), ("JOB_COMPLETION_INDEX", "3")]), (4, Some(3)));
-        assert_eq!(
-            ok(&[("DROVE_WORLD_SIZE", "4"), ("DROVE_RANK", "1"), ("JOB_COMPLETION_INDEX", "1")]),
-            (4, Some(1))
-        );
-    }
-
-    #[test]
-    fn missing_or_malformed_launch_variables_are_named() {
-        let err = |pairs: &[(&str, &str)]| launch_vars(vars(pairs)).unwrap_err().to_string();
-        assert_eq!(err(&[]), "rendezvous: DROVE_WORLD_SIZE is not set");
-        assert_eq!(
-            err(&[("DROVE_WORLD_SIZE", "four")]),
-            "rendezvous: DROVE_WORLD_SIZE=\"four\" is not a whole number"
-        );
-        assert!(err(&[("DROVE_WORLD_SIZE", "0")]).contains("at least 1 rank"));
-        assert_eq!(
-            err(&[("DROVE_WORLD_SIZE", "4"), ("DROVE_RANK", "-1")]),
-            "rendezvous: DROVE_RANK=\"-1\" is not a whole number"
-        );
-        assert_eq!(
-            err(&[("DROVE_WORLD_SIZE", "4"), ("JOB_COMPLETION_INDEX", "")]),
-            "rendezvous: JOB_COMPLETION_INDEX=\"\" is not a whole number"
-        );
-        assert_eq!(
-            err(&[("DROVE_WORLD_SIZE", "4"), ("JOB_COMPLETION_INDEX", "4")]),
-            "rendezvous: JOB_COMPLETION_INDEX=4 is out of range for DROVE_WORLD_SIZE=4 (ranks are 0..4)"
-        );
-        assert!(
-            err(&[("DROVE_WORLD_SIZE", "4"), ("DROVE_RANK", "1"), ("JOB_COMPLETION_INDEX", "2")])
-                .contains("disagree")
-        );
-    }
 
     #[test]
     fn peer_lists_parse_with_comments_and_name_bad_entries() {

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use drove_comm::{Rank, RankRequest, WorldRange, WorldSize};
+use drove_comm::{CommOptions, Rank, RankRequest, Transport, WorldRange, WorldSize};
 
 use crate::error::EnvError;
 use crate::launchers::{self, Launcher, Placement};
@@ -72,6 +72,19 @@ pub mod var {
     /// The data plane's listen address (default: the address that routes to
     /// the coordinator, any port).
     pub const BIND: &str = "DROVE_BIND";
+    /// An op's deadline, in seconds (default 30).
+    pub const COMM_TIMEOUT: &str = "DROVE_COMM_TIMEOUT";
+    /// When a waiting op names the ranks it waits for, in seconds (default
+    /// 10, at most a third of `DROVE_COMM_TIMEOUT` when that is set).
+    pub const COMM_WARN_AFTER: &str = "DROVE_COMM_WARN_AFTER";
+    /// How long an op waits for peers that are alive past its deadline, in
+    /// seconds (default 600).
+    pub const COMM_HANG_LIMIT: &str = "DROVE_COMM_HANG_LIMIT";
+    /// The data transport: `auto` (default), `tcp` or `hierarchical`.
+    pub const COMM_TRANSPORT: &str = "DROVE_COMM_TRANSPORT";
+    /// This process's host identity: ranks with equal ids share memory
+    /// (default: the kernel's boot id and the network namespace).
+    pub const HOST_ID: &str = "DROVE_HOST_ID";
     /// torchrun's and PyTorchJob's meeting host: rank 0 serves the
     /// coordinator at `MASTER_ADDR:MASTER_PORT`.
     pub const MASTER_ADDR: &str = "MASTER_ADDR";
@@ -155,6 +168,34 @@ pub struct LaunchEnv {
     pub heartbeat: Option<Duration>,
     /// `DROVE_BIND`, if set.
     pub bind: Option<std::net::SocketAddr>,
+    /// `DROVE_RENDEZVOUS_DIR`, if set.
+    pub rendezvous_dir: Option<PathBuf>,
+    /// `DROVE_PEERS`, if set: every rank's `host:port`, comma-separated.
+    pub peers: Option<String>,
+    /// `DROVE_PEERS_FILE`, if set (read when the communicator connects).
+    pub peers_file: Option<PathBuf>,
+    /// `DROVE_COMM_TIMEOUT`, if set.
+    pub comm_timeout: Option<Duration>,
+    /// `DROVE_COMM_WARN_AFTER`, if set.
+    pub comm_warn_after: Option<Duration>,
+    /// `DROVE_COMM_HANG_LIMIT`, if set.
+    pub comm_hang_limit: Option<Duration>,
+    /// `DROVE_COMM_TRANSPORT`, if set.
+    pub transport: Option<Transport>,
+    /// `DROVE_HOST_ID`, if set and not empty.
+    pub host_id: Option<String>,
+}
+
+/// `DROVE_COORDINATOR` as this process's environment holds it, for a command
+/// that talks to a coordinator without joining a run (`drove runs`, `drove
+/// report`); a rank's coordinator is [`LaunchEnv::coordinator`].
+pub fn coordinator_from_env() -> Option<String> {
+    std::env::var(var::COORDINATOR).ok()
+}
+
+/// `DROVE_TOKEN` from this process's environment, if set and not empty.
+pub fn token_from_env() -> Option<String> {
+    std::env::var(var::TOKEN).ok().filter(|t| !t.is_empty())
 }
 
 impl LaunchEnv {
@@ -189,7 +230,7 @@ impl LaunchEnv {
         let drove_world = read.text(var::WORLD_SIZE).is_some();
         let foreign = if drove_world { None } else { launchers::detect(&lookup)? };
         let (place, launcher) = if drove_world {
-            let place = drove_comm::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?;
+            let place = crate::place::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?;
             let by_index = read.text(var::RANK).is_none() && read.text(var::JOB_COMPLETION_INDEX).is_some();
             (Some(place), Some(if by_index { Launcher::IndexedJob } else { Launcher::Drove }))
         } else {
@@ -202,7 +243,7 @@ impl LaunchEnv {
         let rendezvous = read.rendezvous(coordinator.is_some());
         if place.is_none() && elastic.is_none() && rendezvous != RendezvousKind::Alone {
             // Under a rendezvous without a world: the missing variable, named.
-            drove_comm::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?;
+            crate::place::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?;
         }
         if let Some(p) = foreign.filter(|p| place.is_some() && p.place.world().get() > 1)
             && rendezvous == RendezvousKind::Alone
@@ -246,7 +287,38 @@ impl LaunchEnv {
                 Some(every) => Some(every),
             },
             bind: read.address(var::BIND)?,
+            rendezvous_dir: read.text(var::RENDEZVOUS_DIR).map(PathBuf::from),
+            peers: read.text(var::PEERS),
+            peers_file: read.text(var::PEERS_FILE).map(PathBuf::from),
+            comm_timeout: read.positive_seconds(var::COMM_TIMEOUT)?,
+            comm_warn_after: read.positive_seconds(var::COMM_WARN_AFTER)?,
+            comm_hang_limit: read.positive_seconds(var::COMM_HANG_LIMIT)?,
+            transport: read.transport()?,
+            host_id: read.text(var::HOST_ID),
         })
+    }
+
+    /// The communicator's settings: drove-comm's defaults, overridden by
+    /// `DROVE_COMM_TIMEOUT` (which also brings the first warning to at most a
+    /// third of it), `DROVE_COMM_WARN_AFTER`, `DROVE_COMM_HANG_LIMIT`,
+    /// `DROVE_COMM_TRANSPORT` and `DROVE_HOST_ID`.
+    pub fn comm_options(&self) -> CommOptions {
+        let mut o = CommOptions::default();
+        if let Some(t) = self.comm_timeout {
+            o.timeout = t;
+            o.warn_after = o.warn_after.min(t / 3);
+        }
+        if let Some(t) = self.comm_warn_after {
+            o.warn_after = t;
+        }
+        if let Some(t) = self.comm_hang_limit {
+            o.hang_limit = t;
+        }
+        if let Some(t) = self.transport {
+            o.transport = t;
+        }
+        o.host_id.clone_from(&self.host_id);
+        o
     }
 
     /// The rank the launcher gave, if it gave one.
@@ -318,6 +390,29 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
                     value: v,
                     expected: "a number of seconds (at least 0)",
                 }),
+            })
+            .transpose()
+    }
+
+    fn positive_seconds(&self, name: &'static str) -> Result<Option<Duration>, EnvError> {
+        self.text(name)
+            .map(|v| match v.trim().parse::<f64>() {
+                Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+                _ => {
+                    Err(EnvError::Malformed { var: name, value: v, expected: "a positive number of seconds" })
+                }
+            })
+            .transpose()
+    }
+
+    fn transport(&self) -> Result<Option<Transport>, EnvError> {
+        self.text(var::COMM_TRANSPORT)
+            .map(|v| {
+                v.trim().parse().map_err(|_| EnvError::Malformed {
+                    var: var::COMM_TRANSPORT,
+                    value: v,
+                    expected: "auto, tcp or hierarchical",
+                })
             })
             .transpose()
     }
@@ -506,6 +601,33 @@ mod tests {
             ],
             "disagree",
         );
+    }
+
+    #[test]
+    fn the_communicator_s_settings_are_read_and_checked() {
+        let e = env(&[
+            (var::COMM_TIMEOUT, "6"),
+            (var::COMM_HANG_LIMIT, "90"),
+            (var::COMM_TRANSPORT, "tcp"),
+            (var::HOST_ID, "node-a"),
+        ])
+        .unwrap();
+        let o = e.comm_options();
+        assert_eq!((o.timeout, o.warn_after, o.hang_limit), (secs(6.0), secs(2.0), secs(90.0)));
+        assert_eq!((o.transport, o.host_id.as_deref()), (Transport::Tcp, Some("node-a")));
+        let o = env(&[(var::COMM_WARN_AFTER, "1.5")]).unwrap().comm_options();
+        assert_eq!((o.timeout, o.warn_after), (CommOptions::default().timeout, secs(1.5)));
+        let bad = |vars: &[(&str, &str)], name: &str| {
+            let e = env(vars).unwrap_err().to_string();
+            assert!(e.contains(name), "{e}");
+        };
+        bad(&[(var::COMM_TIMEOUT, "0")], "DROVE_COMM_TIMEOUT=\"0\" is not a positive number of seconds");
+        bad(&[(var::COMM_HANG_LIMIT, "long")], "DROVE_COMM_HANG_LIMIT=\"long\"");
+        bad(&[(var::COMM_TRANSPORT, "udp")], "DROVE_COMM_TRANSPORT=\"udp\"");
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
     }
 
     #[test]

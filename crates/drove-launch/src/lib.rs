@@ -57,6 +57,7 @@ mod exit;
 mod launcher;
 mod launchers;
 mod nodelist;
+mod place;
 mod progress;
 mod rank;
 mod relay;
@@ -72,7 +73,7 @@ pub use drove_control::launcher::status_message;
 /// The names of the metrics and events a run records (`drove report` and the
 /// Prometheus exporter read them).
 pub use drove_metrics::metric_names;
-pub use env::{LaunchEnv, RendezvousKind, var};
+pub use env::{LaunchEnv, RendezvousKind, coordinator_from_env, token_from_env, var};
 pub use error::{EnvError, LaunchError};
 pub use exit::{describe, exit_code, signal_exit_code, signal_name};
 pub use launcher::{
@@ -80,8 +81,9 @@ pub use launcher::{
 };
 pub use launchers::{Launcher, Placement};
 pub use nodelist::{NodeListError, expand as expand_nodelist, first_host};
+pub use place::{launch_env, launch_vars};
 pub use progress::{PROGRESS_PREFIX, Progress, ProgressMode};
-pub use rank::{DEFAULT_RUN_ID, Launched, Start};
+pub use rank::{DEFAULT_RUN_ID, Launched, Start, connect_from_env};
 pub use restart::RestartPolicy;
 pub use served::{CoordinatorSource, LINGER, ServedCoordinator, slurm_default_port};
 pub use supervise::Cause;

@@ -1,7 +1,8 @@
 //! The rank side of the contract: what a training program builds from its
 //! [`LaunchEnv`] to behave like `drove train ner` under any launcher.
 //!
-//! - [`LaunchEnv::communicator`]: the other ranks, or a world of one.
+//! - [`LaunchEnv::communicator`]: the other ranks, or a world of one
+//!   ([`connect_from_env`]: drove-comm's `Communicator` itself).
 //! - [`LaunchEnv::metrics`]: a recorder to the coordinator, if there is one.
 //! - [`LaunchEnv::start`]: start fresh, or resume after a restart.
 //! - [`LaunchEnv::serve_coordinator`]: on rank 0, the coordinator the
@@ -13,7 +14,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drove_comm::{Collective, CommOptions, Communicator, MemberId, RankRequest, SingleProcess, WorldRange};
+use drove_comm::{
+    Collective, CommError, Communicator, FileRendezvous, MemberId, Place, RankRequest, SingleProcess,
+    StaticRendezvous, WorldRange, parse_peers,
+};
 use drove_control::{
     CoordinatorRendezvous, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership,
 };
@@ -38,18 +42,61 @@ pub enum Start {
 
 impl LaunchEnv {
     /// The ranks the launcher started this process among (through its
-    /// rendezvous; the transport settings come from `DROVE_COMM_*`, see
-    /// `drove_comm::CommOptions::from_env`), or a world of one. With a
-    /// coordinator rank 0 serves, the others wait for it to come up.
+    /// rendezvous, with [`comm_options`](Self::comm_options)), or a world of
+    /// one. With a coordinator rank 0 serves, the others wait for it to come
+    /// up.
     pub fn communicator(&self) -> Result<Box<dyn Collective>, LaunchError> {
-        Ok(match (self.rendezvous, self.place) {
-            (RendezvousKind::Alone, _) => Box::new(SingleProcess),
-            (RendezvousKind::Coordinator, Some(request)) => Box::new(Communicator::connect(
-                &self.coordinator_rendezvous(request)?,
-                CommOptions::from_env()?,
-            )?),
-            _ => Box::new(Communicator::from_env()?),
+        Ok(match self.rendezvous {
+            RendezvousKind::Alone => Box::new(SingleProcess),
+            _ => Box::new(self.connect()?),
         })
+    }
+
+    /// drove-comm's [`Communicator`] through the launcher's rendezvous: the
+    /// coordinator, `DROVE_RENDEZVOUS_DIR`, else `DROVE_PEERS` or
+    /// `DROVE_PEERS_FILE` (an error naming what is missing when none is
+    /// set); the settings are [`comm_options`](Self::comm_options).
+    pub fn connect(&self) -> Result<Communicator, LaunchError> {
+        let opts = self.comm_options();
+        if let (RendezvousKind::Coordinator, Some(request)) = (self.rendezvous, self.place) {
+            return Ok(Communicator::connect(&self.coordinator_rendezvous(request)?, opts)?);
+        }
+        let place = self.given_place()?;
+        if let Some(dir) = &self.rendezvous_dir {
+            return Ok(Communicator::connect(&FileRendezvous::new(dir, place), opts)?);
+        }
+        let (source, peers) = if let Some(file) = &self.peers_file {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| CommError::io(format!("reading {}", file.display()), e))?;
+            (file.display().to_string(), parse_peers(&text, '\n', var::PEERS_FILE)?)
+        } else {
+            let list = self.peers.as_deref().ok_or_else(|| {
+                CommError::Rendezvous(format!("neither {} nor {} is set", var::PEERS, var::PEERS_FILE))
+            })?;
+            (var::PEERS.to_string(), parse_peers(list, ',', var::PEERS)?)
+        };
+        if peers.len() != place.world().get() {
+            return Err(CommError::Rendezvous(format!(
+                "{source} lists {} addresses but {} is {}",
+                peers.len(),
+                var::WORLD_SIZE,
+                place.world()
+            ))
+            .into());
+        }
+        Ok(Communicator::connect(&StaticRendezvous::new(place.rank(), peers)?, opts)?)
+    }
+
+    /// The rank and world the launcher gave, or the variable missing, named.
+    fn given_place(&self) -> Result<Place, CommError> {
+        match self.place {
+            Some(RankRequest::Given(place)) => Ok(place),
+            Some(RankRequest::Any(_)) => Err(CommError::Rendezvous(format!("{} is not set", var::RANK))),
+            None => {
+                let missing = if self.rank().is_none() { var::RANK } else { var::WORLD_SIZE };
+                Err(CommError::Rendezvous(format!("{missing} is not set")))
+            }
+        }
     }
 
     /// The rendezvous through the coordinator, for `request`.
@@ -156,7 +203,7 @@ impl LaunchEnv {
             settle: self.settle.unwrap_or(DEFAULT_SETTLE),
             rendezvous_timeout: self.rendezvous_timeout.unwrap_or(DEFAULT_RENDEZVOUS_TIMEOUT),
         };
-        Ok(ElasticComm::join(rendezvous, membership, CommOptions::from_env()?)?)
+        Ok(ElasticComm::join(rendezvous, membership, self.comm_options())?)
     }
 
     /// This process's member id in an elastic run.
@@ -188,6 +235,12 @@ impl LaunchEnv {
     pub fn start(&self, latest_checkpoint: &Path) -> Start {
         if self.restarted() && latest_checkpoint.exists() { Start::Resume } else { Start::Fresh }
     }
+}
+
+/// Reads the launch environment and connects drove-comm's [`Communicator`]
+/// through the launcher's rendezvous ([`LaunchEnv::connect`]).
+pub fn connect_from_env() -> Result<Communicator, LaunchError> {
+    LaunchEnv::from_env()?.connect()
 }
 
 /// A rank that has joined its world: the communicator, the metrics recorder

@@ -25,10 +25,12 @@
 //! tested on machines without one.
 //!
 //! ```no_run
-//! use drove_collective::{Collective, Communicator, DType, ReduceOptions};
+//! use drove_comm::{Collective, CommOptions, Communicator, DType, FileRendezvous, Place, ReduceOptions};
 //! use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, LoopbackWorld};
 //!
-//! let mesh = Communicator::from_env()?;
+//! // Under a launcher: `drove_launch::connect_from_env()?`.
+//! let rendezvous = FileRendezvous::new("/tmp/drove-rendezvous", Place::new(0, 1)?);
+//! let mesh = Communicator::connect(&rendezvous, CommOptions::default())?;
 //! # let device = LoopbackWorld::new(1).1.pop().unwrap();
 //! // let device = drove_nccl::Nccl::new(local_rank)?;   // with feature `nccl`
 //! let comm = DeviceComm::connect(&mesh, device, DeviceOptions::default())?;

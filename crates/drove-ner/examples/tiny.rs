@@ -1,7 +1,7 @@
 //! The NER fine-tune end to end on files it writes itself: a small CoNLL
 //! training and evaluation set, a WordPiece vocabulary and a tiny BERT
 //! `config.json` (random weights), trained for a few epochs in a world of one
-//! (`SingleProcess`). Under a launcher, pass `drove_comm::Communicator::from_env()?`
+//! (`SingleProcess`). Under a launcher, pass `drove_launch::connect_from_env()?`
 //! instead: each rank then trains on its shard and the F1 is reduced as counts.
 //!
 //! ```text

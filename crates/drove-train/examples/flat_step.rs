@@ -1,6 +1,6 @@
 //! A data-parallel training step assembled from drove-train's parts, on a
 //! small token classifier of its own and made-up data, in a world of one (`SingleProcess`); under a launcher,
-//! swap in `drove_comm::Communicator::from_env()` and nothing else changes.
+//! swap in `drove_launch::connect_from_env()` and nothing else changes.
 //!
 //! ```text
 //! cargo run -p drove-train --example flat_step

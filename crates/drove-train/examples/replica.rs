@@ -1,7 +1,7 @@
 //! A small token classifier of its own, on made-up data, trained through
 //! `drove_train::Replica` in a world of one (`SingleProcess`). With ranks of
 //! their own (`DROVE_RANK`, `DROVE_WORLD_SIZE` and `DROVE_PEERS` or
-//! `DROVE_RENDEZVOUS_DIR`), swap in `drove_comm::Communicator::from_env()?`
+//! `DROVE_RENDEZVOUS_DIR`), swap in `drove_launch::connect_from_env()?`
 //! and nothing else changes: each rank passes its own rows.
 //!
 //! ```text

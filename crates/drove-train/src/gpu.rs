@@ -81,13 +81,6 @@ pub fn gpu_ordinal(choice: Option<usize>, local_rank: usize, visible_devices: Op
     if shown == Some(1) { 0 } else { local_rank }
 }
 
-/// [`gpu_ordinal`] from this process's environment (`DROVE_LOCAL_RANK`, set
-/// by `drove run`, and `CUDA_VISIBLE_DEVICES`).
-pub fn gpu_ordinal_from_env(choice: Option<usize>) -> usize {
-    let local = std::env::var("DROVE_LOCAL_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    gpu_ordinal(choice, local, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

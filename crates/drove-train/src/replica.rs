@@ -10,7 +10,7 @@
 //! # type B = Autodiff<Flex>;
 //! # fn main() -> Result<(), drove_train::TrainError> {
 //! let device = Default::default();
-//! let comm = drove_collective::SingleProcess; // or Communicator::from_env()? under `drove run`
+//! let comm = drove_collective::SingleProcess; // or drove_launch::connect_from_env()? under `drove run`
 //! let model: Linear<B> = LinearConfig::new(4, 1).init(&device);
 //! // Broadcasts rank 0's parameters to every rank.
 //! let mut replica = Replica::new(model, &comm, ReplicaOptions { lr: 1e-2, ..ReplicaOptions::default() }, &device)?;

@@ -3,26 +3,64 @@
 //! and `DROVE_RENDEZVOUS_DIR` (or `DROVE_PEERS`) set; `DROVE_COMM_TRANSPORT`
 //! and `DROVE_COMM_TIMEOUT` choose the transport and the deadline, `DROVE_HOST_ID`
 //! which ranks count as one host. The line also says which transport ran.
+//! (A test binary: it reads these variables itself, see [`var`].)
 //!
 //! Scenarios: `closed-form`, `errors`, `kill VICTIM BYTES MIB`, `stall VICTIM`,
 //! `fusion`, `sum-rank`. Logs (stall warnings) go to stderr.
 
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use drove_comm::fusion::{Compression, FusionOptions, all_reduce_fused};
 use drove_comm::{
-    Buffer, Collective, CommError, CommOptions, Communicator, Element, FileRendezvous, ReduceOp,
-    ReduceOptions, StaticRendezvous, bf16, f16,
+    Buffer, Collective, CommError, CommOptions, Communicator, Element, FileRendezvous, Place, ReduceOp,
+    ReduceOptions, StaticRendezvous, bf16, f16, parse_peers,
 };
 
+/// A variable of the worker's environment. This test binary reads the launch
+/// contract's variables itself: drove-launch, their one reader everywhere
+/// else, depends on this crate, so it cannot be this binary's dependency.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn number(name: &str) -> Result<usize, CommError> {
+    let v = var(name).ok_or_else(|| CommError::Rendezvous(format!("{name} is not set")))?;
+    v.trim().parse().map_err(|_| CommError::Rendezvous(format!("{name}={v:?} is not a whole number")))
+}
+
+/// `DROVE_COMM_TIMEOUT` (seconds), `DROVE_COMM_TRANSPORT` and `DROVE_HOST_ID`
+/// over the defaults, as drove-launch reads them.
+fn options() -> Result<CommOptions, CommError> {
+    let mut o = CommOptions::default();
+    if let Some(v) = var("DROVE_COMM_TIMEOUT") {
+        let t = v.parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0).ok_or_else(|| {
+            CommError::Rendezvous(format!("DROVE_COMM_TIMEOUT={v:?} is not a positive number of seconds"))
+        })?;
+        o.timeout = Duration::from_secs_f64(t);
+        o.warn_after = o.warn_after.min(o.timeout / 3);
+    }
+    if let Some(v) = var("DROVE_COMM_TRANSPORT") {
+        o.transport = v.parse().map_err(CommError::Rendezvous)?;
+    }
+    o.host_id = var("DROVE_HOST_ID").filter(|id| !id.is_empty());
+    Ok(o)
+}
+
+/// Through `DROVE_RENDEZVOUS_DIR`, else the addresses of `DROVE_PEERS_FILE`.
 fn connect(fault: Option<u64>) -> Result<Communicator, CommError> {
-    let mut opts = CommOptions::from_env()?;
+    let mut opts = options()?;
     opts.fault_kill_after_bytes = fault;
-    if std::env::var_os("DROVE_RENDEZVOUS_DIR").is_some() {
-        Communicator::connect(&FileRendezvous::from_env()?, opts)
+    let place = Place::new(number("DROVE_RANK")?, number("DROVE_WORLD_SIZE")?)?;
+    if let Some(dir) = var("DROVE_RENDEZVOUS_DIR") {
+        Communicator::connect(&FileRendezvous::new(dir, place), opts)
     } else {
-        Communicator::connect(&StaticRendezvous::from_env()?, opts)
+        let file = var("DROVE_PEERS_FILE").ok_or_else(|| {
+            CommError::Rendezvous("neither DROVE_RENDEZVOUS_DIR nor DROVE_PEERS_FILE is set".into())
+        })?;
+        let text = std::fs::read_to_string(&file).map_err(|e| CommError::io(format!("reading {file}"), e))?;
+        let peers = parse_peers(&text, '\n', "DROVE_PEERS_FILE")?;
+        Communicator::connect(&StaticRendezvous::new(place.rank(), peers)?, opts)
     }
 }
 
@@ -447,7 +485,7 @@ fn run() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     if !SCENARIOS.contains(&scenario) {
         return Err(format!("unknown scenario {scenario:?}: {}", SCENARIOS.join(", ")).into());
     }
-    let rank: usize = std::env::var("DROVE_RANK")?.parse()?;
+    let rank = number("DROVE_RANK")?;
     let fault = if scenario == "kill" { (rank == arg(1)? as usize).then_some(arg(2)?) } else { None };
     let comm = connect(fault)?;
     let result = match scenario {
