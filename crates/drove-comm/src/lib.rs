@@ -46,9 +46,11 @@ mod clock;
 mod comm;
 mod engine;
 mod hierarchical;
+mod host_id;
 mod hosts;
 mod liveness;
 mod mesh;
+mod options;
 mod profile;
 mod reduction;
 mod rendezvous;
@@ -56,8 +58,9 @@ mod ring;
 mod shm;
 mod staged;
 
-pub use comm::{CommOptions, Communicator, Transport};
+pub use comm::Communicator;
 pub use liveness::{DEFAULT_HANG_LIMIT, Liveness};
+pub use options::{CommOptions, Transport};
 pub use profile::RingStep;
 pub use rendezvous::{FileRendezvous, PeerTable, RankRequest, Rendezvous, StaticRendezvous, parse_peers};
 // The seam this transport implements, re-exported so a program that opens a

@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
-use crate::hosts::MAX_HOST_ID;
+use crate::host_id::MAX_HOST_ID;
 use crate::profile::ExchangeTimes;
 use drove_collective::CommError;
 
