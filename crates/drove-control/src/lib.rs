@@ -47,6 +47,6 @@ pub use heartbeat::DEFAULT_HEARTBEAT;
 pub use membership::{
     DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership, SILENT_AFTER_BEATS,
 };
-pub use queries::{PointStream, QueryError, ServingStatus};
+pub use queries::{ChunkStream, PointStream, QueryError, ServingStatus};
 pub use rendezvous::CoordinatorRendezvous;
 pub use serve::{Flags, ServeError, Server, StartError, serve_in_process, serve_until_signal};

@@ -8,10 +8,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use drove_proto::v1::{
-    Generation, GenerationsRequest, ListRunsRequest, MetricPoint, QueryPoint, QueryRequest, RunInfo,
-    WatchRequest,
+    BlobInfo, FetchChunk, FetchRequest, Generation, GenerationsRequest, JoinRequest, JoinResponse,
+    ListRunsRequest, MetricPoint, PublishChunk, PushRequest, QueryPoint, QueryRequest, RunInfo, WatchRequest,
 };
-use tonic::Code;
+use tonic::{Code, IntoStreamingRequest};
 pub use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::connect::{Clients, ConnectError, Connection};
@@ -162,6 +162,50 @@ pub async fn health(
     tokio::time::timeout(limit, check)
         .await
         .map_err(|_| QueryError::HealthTimeout { addr: connection.addr.clone(), limit })?
+}
+
+/// One Join on `clients` (as a load generator makes them: one call, no retry).
+pub async fn join(clients: &mut Clients, request: JoinRequest) -> Result<JoinResponse, QueryError> {
+    Ok(clients.rendezvous.join(request).await?.into_inner())
+}
+
+/// One Push stream of `batches` (a `futures` stream, say), read to its end:
+/// the number of points the last acknowledgement says are stored.
+pub async fn push(
+    clients: &mut Clients,
+    batches: impl IntoStreamingRequest<Message = PushRequest>,
+) -> Result<u64, QueryError> {
+    let mut acks = clients.metrics.push(batches).await?.into_inner();
+    let mut stored = 0;
+    while let Some(ack) = acks.message().await? {
+        stored = ack.stored;
+    }
+    Ok(stored)
+}
+
+/// One Publish of a blob's `chunks` (the first with the header): what the
+/// coordinator stored.
+pub async fn publish(
+    clients: &mut Clients,
+    chunks: impl IntoStreamingRequest<Message = PublishChunk>,
+) -> Result<BlobInfo, QueryError> {
+    Ok(clients.weights.publish(chunks).await?.into_inner())
+}
+
+/// One Fetch of a blob: its chunks, one at a time.
+pub async fn fetch(clients: &mut Clients, request: FetchRequest) -> Result<ChunkStream, QueryError> {
+    Ok(ChunkStream(clients.weights.fetch(request).await?.into_inner()))
+}
+
+/// The chunks of a [`fetch`].
+#[derive(Debug)]
+pub struct ChunkStream(tonic::Streaming<FetchChunk>);
+
+impl ChunkStream {
+    /// The next chunk; `None` once the blob is complete.
+    pub async fn next(&mut self) -> Result<Option<FetchChunk>, QueryError> {
+        Ok(self.0.message().await?)
+    }
 }
 
 #[cfg(test)]
