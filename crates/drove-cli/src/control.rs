@@ -1,40 +1,18 @@
-//! Talking to a coordinator: `drove coordinator` serves one; `drove metrics` and
-//! `drove runs` query one. Shared by `drove run` and `drove report`:
-//! connecting with the bearer token, and turning a gRPC status into a one-line
-//! error that names the status code.
+//! Talking to a coordinator: `drove coordinator` serves one; `drove metrics`,
+//! `drove runs` and `drove health` query one, through drove-control's
+//! queries (whose errors name the gRPC code); and the printing of their answers.
 
 use std::io::Write as _;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{anyhow, bail};
 use clap::Args;
-use drove_control::Clients;
-use drove_proto::metric_names;
-use drove_proto::v1::{
-    Aggregation, EndKind, Generation, GenerationState, GenerationsRequest, ListRunsRequest, MetricPoint,
-    QueryRequest, RunInfo, WatchRequest,
+use drove_control::proto::metric_names;
+use drove_control::proto::v1::{
+    Aggregation, EndKind, Generation, GenerationState, MetricPoint, QueryRequest, RunInfo, WatchRequest,
 };
+use drove_control::runtime::block_on;
+use drove_control::{Connection, ServingStatus, queries};
 use serde_json::json;
-
-/// A multi-threaded tokio runtime with I/O and timers.
-pub(crate) fn runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name(name)
-        .build()
-        .context("starting the async runtime")
-}
-
-/// Connects to the coordinator at `addr` (`host:port` or a URL), with `token`
-/// (if any) on every call. The error names the address and the cause.
-pub(crate) async fn connect(addr: &str, token: Option<&str>) -> anyhow::Result<Clients> {
-    Ok(drove_launch::connect(addr, token).await?)
-}
-
-/// A gRPC status as a one-line error naming its code, e.g.
-/// `the coordinator refused the call (Unauthenticated): the bearer token is wrong`.
-pub(crate) fn status_error(status: tonic::Status) -> anyhow::Error {
-    anyhow!(drove_launch::status_message(&status))
-}
 
 /// Which coordinator to talk to, and how.
 #[derive(Debug, Args)]
@@ -62,9 +40,9 @@ impl Target {
         Ok((addr, token_or_env(self.token.as_deref())))
     }
 
-    /// Connects; with `--store`, first starts a coordinator on that store, which
-    /// lives as long as the returned handle.
-    async fn connect(&self) -> anyhow::Result<(Clients, Option<drove_control::Server>)> {
+    /// Where to connect; with `--store`, first starts a coordinator on that
+    /// store, which lives as long as the returned handle.
+    async fn connect(&self) -> anyhow::Result<(Connection, Option<drove_control::Server>)> {
         if let Some(store) = &self.store {
             if !store.is_dir() {
                 anyhow::bail!("no coordinator store at {}", store.display());
@@ -72,11 +50,10 @@ impl Target {
             let server = drove_control::serve_in_process(([127, 0, 0, 1], 0).into(), store, None)
                 .await
                 .map_err(|e| anyhow!("opening the store {}: {e}", store.display()))?;
-            let clients = connect(&server.addr().to_string(), None).await?;
-            return Ok((clients, Some(server)));
+            return Ok((Connection::new(&server.addr().to_string(), None), Some(server)));
         }
         let (addr, token) = self.resolve()?;
-        Ok((connect(&addr, token.as_deref()).await?, None))
+        Ok((drove_launch::connection(&addr, token.as_deref()), None))
     }
 }
 
@@ -86,11 +63,8 @@ pub(crate) fn token_or_env(token: Option<&str>) -> Option<String> {
 }
 
 /// `drove coordinator`: serves until SIGINT or SIGTERM.
-pub fn serve(flags: &drove_coordinator::Flags) -> anyhow::Result<()> {
-    let config = flags.config().map_err(|e| anyhow!("reading the coordinator's configuration: {e}"))?;
-    let rt = runtime("drove-coordinator")?;
-    rt.block_on(drove_coordinator::serve_until_signal(&config))
-        .map_err(|e| anyhow!("the coordinator cannot start: {e}"))
+pub fn serve(flags: &drove_control::Flags) -> anyhow::Result<()> {
+    Ok(drove_control::serve_until_signal(flags)?)
 }
 
 /// Settings of `drove metrics`.
@@ -167,28 +141,22 @@ pub fn metrics(args: &MetricsArgs) -> anyhow::Result<()> {
     if args.watch && args.agg.is_some_and(|a| a != Aggregation::Raw) {
         bail!("--watch prints raw points as they arrive; leave out --agg or use --agg raw");
     }
-    let rt = runtime("drove-metrics")?;
-    rt.block_on(async {
-        let (mut clients, _server) = args.target.connect().await?;
-        if args.watch { watch(args, &mut clients).await } else { query(args, &mut clients).await }
-    })
+    block_on(async {
+        let (connection, _server) = args.target.connect().await?;
+        if args.watch { watch(args, &connection).await } else { query(args, &connection).await }
+    })?
 }
 
-async fn query(args: &MetricsArgs, clients: &mut Clients) -> anyhow::Result<()> {
+async fn query(args: &MetricsArgs, connection: &Connection) -> anyhow::Result<()> {
     let agg = args.agg.unwrap_or(Aggregation::Mean);
-    let points = clients
-        .metrics
-        .query(QueryRequest {
-            run_id: args.run.clone(),
-            name: args.name.clone().unwrap_or_default(),
-            min_step: args.min_step,
-            max_step: args.max_step,
-            aggregation: agg as i32,
-        })
-        .await
-        .map_err(status_error)?
-        .into_inner()
-        .points;
+    let request = QueryRequest {
+        run_id: args.run.clone(),
+        name: args.name.clone().unwrap_or_default(),
+        min_step: args.min_step,
+        max_step: args.max_step,
+        aggregation: agg as i32,
+    };
+    let points = queries::points(connection, request).await?;
     let raw = agg == Aggregation::Raw;
     if args.json {
         let points: Vec<_> = points
@@ -237,22 +205,6 @@ async fn query(args: &MetricsArgs, clients: &mut Clients) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn interrupted() {
-    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
-    match term {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 fn watch_line(p: &MetricPoint, json_lines: bool) -> String {
     if json_lines {
         json!({
@@ -276,15 +228,9 @@ fn watch_line(p: &MetricPoint, json_lines: bool) -> String {
     }
 }
 
-async fn watch(args: &MetricsArgs, clients: &mut Clients) -> anyhow::Result<()> {
-    let stop = interrupted();
-    tokio::pin!(stop);
-    let mut stream = clients
-        .metrics
-        .watch(WatchRequest { run_id: args.run.clone(), name: args.name.clone().unwrap_or_default() })
-        .await
-        .map_err(status_error)?
-        .into_inner();
+async fn watch(args: &MetricsArgs, connection: &Connection) -> anyhow::Result<()> {
+    let request = WatchRequest { run_id: args.run.clone(), name: args.name.clone().unwrap_or_default() };
+    let stream = queries::watch(connection, request).await?;
     if !args.json
         && !emit(&format!(
             "{:<12}  {:>12}  {:>5}  {:>20}  {}",
@@ -293,20 +239,13 @@ async fn watch(args: &MetricsArgs, clients: &mut Clients) -> anyhow::Result<()> 
     {
         return Ok(());
     }
-    loop {
-        let point = tokio::select! {
-            _ = &mut stop => return Ok(()),
-            msg = stream.message() => match msg.map_err(status_error)? {
-                Some(p) => p,
-                None => return Ok(()),
-            },
-        };
-        let in_range =
-            args.min_step.is_none_or(|m| point.step >= m) && args.max_step.is_none_or(|m| point.step <= m);
-        if in_range && !emit(&watch_line(&point, args.json))? {
-            return Ok(());
-        }
-    }
+    stream
+        .for_each_until(drove_control::runtime::interrupted(), |point| {
+            let in_range = args.min_step.is_none_or(|m| point.step >= m)
+                && args.max_step.is_none_or(|m| point.step <= m);
+            anyhow::Ok(!in_range || emit(&watch_line(&point, args.json))?)
+        })
+        .await
 }
 
 /// Settings of `drove runs`.
@@ -321,18 +260,10 @@ pub struct RunsArgs {
 
 /// `drove runs`: every run, and the generations of the elastic ones.
 pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
-    let rt = runtime("drove-runs")?;
-    let runs = rt.block_on(async {
-        let (mut clients, _server) = args.target.connect().await?;
-        let runs =
-            clients.metrics.list_runs(ListRunsRequest {}).await.map_err(status_error)?.into_inner().runs;
-        let mut listed = Vec::with_capacity(runs.len());
-        for run in runs {
-            let generations = generations(&mut clients, &run.run_id).await?;
-            listed.push((run, generations));
-        }
-        anyhow::Ok(listed)
-    })?;
+    let runs = block_on(async {
+        let (connection, _server) = args.target.connect().await?;
+        anyhow::Ok(queries::runs_with_generations(&connection).await?)
+    })??;
     if args.json {
         let runs: Vec<_> = runs.iter().map(|(r, g)| run_json(r, g)).collect();
         emit(&json!({ "runs": runs }).to_string())?;
@@ -343,18 +274,6 @@ pub fn runs(args: &RunsArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     print_runs(&runs)
-}
-
-/// The generations of run `run_id`, oldest first: none for a fixed-world
-/// run, and none from a coordinator that has no Generations call or does
-/// not know the run (it only recorded points).
-async fn generations(clients: &mut Clients, run_id: &str) -> anyhow::Result<Vec<Generation>> {
-    let request = GenerationsRequest { run_id: run_id.to_string() };
-    match clients.rendezvous.generations(request).await {
-        Ok(reply) => Ok(reply.into_inner().generations),
-        Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::Unimplemented) => Ok(Vec::new()),
-        Err(s) => Err(status_error(s).context(format!("asking for the generations of run {run_id:?}"))),
-    }
 }
 
 /// A run as `drove runs --json` prints it.
@@ -383,7 +302,7 @@ fn run_json(r: &RunInfo, generations: &[Generation]) -> serde_json::Value {
 fn generation_json(g: &Generation) -> serde_json::Value {
     json!({
         "number": g.number,
-        "state": generation_state_word(g.state()),
+        "state": g.state().word(),
         "world_size": g.world_size,
         "first_step": g.first_step,
         "last_step": g.last_step,
@@ -394,36 +313,13 @@ fn generation_json(g: &Generation) -> serde_json::Value {
             "address": m.address,
         })).collect::<Vec<_>>(),
         "end": g.end.as_ref().map(|e| json!({
-            "kind": end_kind_word(e.kind()),
+            "kind": e.kind().word(),
             "members": e.members,
             "detail": e.detail,
         })),
         "started_unix_ms": g.started_ms,
         "ended_unix_ms": g.ended_ms,
     })
-}
-
-/// A generation's state as people read it (as the coordinator stores it).
-fn generation_state_word(state: GenerationState) -> &'static str {
-    match state {
-        GenerationState::Unspecified => "unspecified",
-        GenerationState::Forming => "forming",
-        GenerationState::Running => "running",
-        GenerationState::Ended => "ended",
-    }
-}
-
-/// How a generation ended, as people read it.
-fn end_kind_word(kind: EndKind) -> &'static str {
-    match kind {
-        EndKind::Unspecified => "unspecified",
-        EndKind::ClosedConnection => "closed-connection",
-        EndKind::CollectiveDeadline => "collective-deadline",
-        EndKind::Heartbeat => "heartbeat",
-        EndKind::MemberAdded => "member-added",
-        EndKind::Finished => "finished",
-        EndKind::Failed => "failed",
-    }
 }
 
 /// The table of `drove runs`: a line per run, then its generations and its
@@ -478,7 +374,7 @@ fn generation_lines(g: &Generation) -> Vec<String> {
     } else {
         format!("{} member(s) joined", g.members.len())
     };
-    let mut head = format!("    generation {}  {}  {size}  {steps}", g.number, generation_state_word(state));
+    let mut head = format!("    generation {}  {}  {size}  {steps}", g.number, state.word());
     if g.started_ms > 0 {
         head.push_str(&format!("  started {}", utc(g.started_ms)));
     }
@@ -496,7 +392,7 @@ fn generation_lines(g: &Generation) -> Vec<String> {
     let mut lines = vec![head, format!("      members: {}", members.join(", "))];
     if let Some(end) = &g.end {
         let kind = end.kind();
-        let mut why = format!("      ended by {}", end_kind_word(kind));
+        let mut why = format!("      ended by {}", kind.word());
         if !end.members.is_empty() {
             let role = if kind == EndKind::MemberAdded { "added" } else { "lost" };
             why.push_str(&format!(" ({role}: {})", end.members.join(", ")));
@@ -517,19 +413,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_errors_name_the_code_and_the_message() {
-        let e = status_error(tonic::Status::unauthenticated("the bearer token is wrong"));
-        assert_eq!(
-            e.to_string(),
-            "the coordinator refused the call (Unauthenticated): the bearer token is wrong"
-        );
-        let e = status_error(tonic::Status::unavailable(""));
-        assert_eq!(e.to_string(), "the call to the coordinator failed (Unavailable)");
-    }
-
-    #[test]
     fn a_forming_generation_lists_its_joined_members_and_an_ended_one_why() {
-        use drove_proto::v1::{GenerationEnd, GenerationMember};
+        use drove_control::proto::v1::{GenerationEnd, GenerationMember};
         let member = |id: &str, rank: i32| GenerationMember {
             member_id: id.into(),
             rank,
@@ -602,9 +487,6 @@ pub struct HealthArgs {
 /// `drove health`: one `grpc.health.v1.Health/Check` call (no token needed), for
 /// container health checks; succeeds only on `SERVING`.
 pub fn health(args: &HealthArgs) -> anyhow::Result<()> {
-    use tonic_health::pb::{
-        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
-    };
     let addr = match &args.coordinator {
         Some(a) => a.clone(),
         None => drove_launch::coordinator_from_env().ok_or_else(|| {
@@ -612,20 +494,8 @@ pub fn health(args: &HealthArgs) -> anyhow::Result<()> {
         })?,
     };
     let limit = std::time::Duration::from_secs_f64(args.timeout);
-    let rt = runtime("drove-health")?;
-    let status = rt.block_on(async {
-        let check = async {
-            let channel = drove_launch::connection(&addr, None).channel().await?;
-            let reply = HealthClient::new(channel)
-                .check(HealthCheckRequest { service: args.service.clone() })
-                .await
-                .map_err(status_error)?;
-            anyhow::Ok(reply.into_inner().status())
-        };
-        tokio::time::timeout(limit, check).await.map_err(|_| {
-            anyhow!("the coordinator at {addr} did not answer a health check within {limit:?}")
-        })?
-    })?;
+    let connection = drove_launch::connection(&addr, None);
+    let status = block_on(queries::health(&connection, &args.service, limit))??;
     let what = if args.service.is_empty() {
         "the coordinator".to_string()
     } else {

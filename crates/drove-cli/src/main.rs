@@ -76,7 +76,7 @@ enum Command {
     /// derived seed.
     Seed(seed::SeedArgs),
     /// Serve the control plane (rendezvous, weights, metrics) until SIGINT or SIGTERM.
-    Coordinator(drove_coordinator::Flags),
+    Coordinator(drove_control::Flags),
     /// Launch N ranks of a program on this host: `drove run --np 4 -- PROGRAM ARGS...`.
     Run(launch::RunArgs),
     /// Join the other ranks, all-reduce the rank numbers and print the sum (run it

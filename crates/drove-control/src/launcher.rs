@@ -23,7 +23,11 @@ pub struct LauncherError(pub String);
 /// A gRPC status as one line naming its code, e.g.
 /// `the coordinator refused the call (Unauthenticated): the bearer token is wrong`.
 pub fn status_message(status: &tonic::Status) -> String {
-    let code = status.code();
+    status_line(status.code(), status.message())
+}
+
+/// [`status_message`] of a status's code and message.
+pub(crate) fn status_line(code: Code, message: &str) -> String {
     let what = match code {
         Code::InvalidArgument
         | Code::NotFound
@@ -35,7 +39,7 @@ pub fn status_message(status: &tonic::Status) -> String {
         | Code::Unauthenticated => "the coordinator refused the call",
         _ => "the call to the coordinator failed",
     };
-    match status.message() {
+    match message {
         "" => format!("{what} ({code:?})"),
         message => format!("{what} ({code:?}): {message}"),
     }

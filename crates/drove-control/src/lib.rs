@@ -34,15 +34,19 @@ mod connect;
 mod heartbeat;
 pub mod launcher;
 mod membership;
+pub mod queries;
 mod rendezvous;
 pub mod runtime;
 mod serve;
 mod wire;
 
 pub use connect::{Authed, Clients, ConnectError, Connection, MAX_MESSAGE_BYTES, Token, endpoint};
+/// The proto messages the queries return, and the metric and event names.
+pub use drove_proto as proto;
 pub use heartbeat::DEFAULT_HEARTBEAT;
 pub use membership::{
     DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership, SILENT_AFTER_BEATS,
 };
+pub use queries::{ChunkStream, PointStream, QueryError, ServingStatus};
 pub use rendezvous::CoordinatorRendezvous;
-pub use serve::{Server, StartError, serve_in_process};
+pub use serve::{Flags, ServeError, Server, StartError, serve_in_process, serve_until_signal};

@@ -28,3 +28,20 @@ pub fn runtime() -> Result<&'static Runtime, std::io::Error> {
 pub fn block_on<F: Future>(future: F) -> Result<F::Output, std::io::Error> {
     Ok(runtime()?.block_on(future))
 }
+
+/// Resolves on SIGINT or SIGTERM (on SIGINT only where SIGTERM cannot be
+/// caught). Poll it inside a tokio runtime, [`runtime`]'s say.
+pub async fn interrupted() {
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    match term {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,9 +1,8 @@
-//! A run read from a coordinator over gRPC: its runs (ListRuns) and the
-//! run's raw points (Query). Every gRPC call of the crate is here, through
-//! drove-proto's generated clients, so that the whole client side can move
-//! into one crate of its own without touching the rest.
+//! A run read from a coordinator: its runs (ListRuns) and the run's raw
+//! points (Query), through drove-control's queries.
 
-use drove_proto::v1::{Aggregation, ListRunsRequest, QueryRequest, RunInfo};
+use drove_control::QueryError;
+use drove_proto::v1::{Aggregation, QueryRequest, RunInfo};
 
 use crate::data::pick;
 use crate::{Event, Point, ReportError, RunData};
@@ -32,9 +31,13 @@ impl RunData {
         token: Option<&str>,
         wanted: Option<&str>,
     ) -> Result<RunData, ReportError> {
-        let status = |s| ReportError::Status(drove_launch::status_message(&s));
-        let mut clients = drove_launch::connect(addr, token).await?;
-        let runs = clients.metrics.list_runs(ListRunsRequest {}).await.map_err(status)?.into_inner().runs;
+        let connection = drove_launch::connection(addr, token);
+        let runs = drove_control::queries::list_runs(&connection).await.map_err(|e| match e {
+            QueryError::Connect(e) => {
+                ReportError::Connect(drove_launch::LaunchError::Coordinator(e.to_string()))
+            }
+            e => ReportError::Status(e.to_string()),
+        })?;
         let at = format!("the coordinator at {addr}");
         let ids: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
         let id = pick(&ids, wanted, &at)?.to_string();
@@ -44,13 +47,9 @@ impl RunData {
             aggregation: Aggregation::Raw as i32,
             ..QueryRequest::default()
         };
-        let points = clients
-            .metrics
-            .query(query)
+        let points = drove_control::queries::points(&connection, query)
             .await
-            .map_err(|s| ReportError::Query { run: id.clone(), message: drove_launch::status_message(&s) })?
-            .into_inner()
-            .points;
+            .map_err(|e| ReportError::Query { run: id.clone(), message: e.to_string() })?;
         Ok(RunData {
             state: info.state(),
             run_id: info.run_id,

@@ -1,23 +1,20 @@
-//! Every gRPC call of the coordinator suite, through drove-proto's generated
-//! clients (connected by drove-launch), in this one file so that the client
-//! side can move into a crate of its own without touching the rest.
+//! The coordinator suite's load: every call through drove-control's thin
+//! call functions (connected by drove-launch).
 
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use drove_control::Clients;
-use drove_proto::v1::{
-    BlobHeader, FetchRequest, JoinRequest, ListRunsRequest, MetricPoint, PublishChunk, PushRequest,
-};
+use drove_control::{Clients, QueryError, queries};
+use drove_proto::v1::{BlobHeader, FetchRequest, JoinRequest, MetricPoint, PublishChunk, PushRequest};
 use sha2::{Digest, Sha256};
 
 use super::{BATCH, BLOB, CHUNK, IngestReport, METRICS_RUN, RENDEZVOUS_RUN, RendezvousReport, hex};
 use crate::BenchError;
 use crate::error::Doing as _;
 
-/// A gRPC status as an error naming its code.
-fn status(s: tonic::Status) -> BenchError {
-    BenchError::Status(drove_launch::status_message(&s))
+/// A failed call as an error naming its gRPC code.
+fn status(e: QueryError) -> BenchError {
+    BenchError::Status(e.to_string())
 }
 
 /// `Err(Check(message))` unless `ok`.
@@ -44,8 +41,9 @@ pub(super) async fn rendezvous(addr: &str, workers: usize) -> Result<RendezvousR
         .enumerate()
         .map(|(i, mut c)| {
             tokio::spawn(async move {
-                c.rendezvous
-                    .join(JoinRequest {
+                queries::join(
+                    &mut c,
+                    JoinRequest {
                         run_id: RENDEZVOUS_RUN.into(),
                         world_size: workers as i32,
                         address: format!("127.0.0.1:{}", 10_000 + i),
@@ -54,9 +52,9 @@ pub(super) async fn rendezvous(addr: &str, workers: usize) -> Result<RendezvousR
                         timeout_ms: 120_000,
                         restart_count: 0,
                         ..Default::default()
-                    })
-                    .await
-                    .map(tonic::Response::into_inner)
+                    },
+                )
+                .await
             })
         })
         .collect();
@@ -100,11 +98,7 @@ async fn push(mut c: Clients, rank: usize, n: usize) -> Result<(), BenchError> {
     let batches = futures::stream::iter(
         (0..n.div_ceil(BATCH)).map(move |b| batch(rank, b * BATCH, ((b + 1) * BATCH).min(n))),
     );
-    let mut acks = c.metrics.push(batches).await.map_err(status)?.into_inner();
-    let mut stored = 0;
-    while let Some(ack) = acks.message().await.map_err(status)? {
-        stored = ack.stored;
-    }
+    let stored = queries::push(&mut c, batches).await.map_err(status)?;
     ensure(stored == n as u64, || format!("stream {rank}: {stored} of {n} points acknowledged"))
 }
 
@@ -126,8 +120,7 @@ pub(super) async fn ingest(addr: &str, streams: usize, points: usize) -> Result<
     }
     let seconds = start.elapsed().as_secs_f64();
     // Every acknowledged point is in the store.
-    let mut c = connect(addr).await?;
-    let runs = c.metrics.list_runs(ListRunsRequest {}).await.map_err(status)?.into_inner().runs;
+    let runs = queries::list_runs(&drove_launch::connection(addr, None)).await.map_err(status)?;
     let stored = runs.iter().find(|r| r.run_id == METRICS_RUN).map_or(0, |r| r.points);
     ensure(stored == points as u64, || format!("the store holds {stored} of {points} points"))?;
     Ok(IngestReport {
@@ -149,7 +142,7 @@ pub(super) async fn publish(addr: &str, blob: prost::bytes::Bytes, sha256: &str)
         data: blob.slice(i * CHUNK..((i + 1) * CHUNK).min(size)),
     }));
     let start = Instant::now();
-    let info = c.weights.publish(chunks).await.map_err(status).doing("publishing the blob")?.into_inner();
+    let info = queries::publish(&mut c, chunks).await.map_err(status).doing("publishing the blob")?;
     let seconds = start.elapsed().as_secs_f64();
     ensure(info.size == size as u64 && info.sha256 == sha256, || format!("the coordinator stored {info:?}"))?;
     Ok(seconds)
@@ -174,11 +167,11 @@ pub(super) fn fetch(
     rt.block_on(async {
         let t = Instant::now();
         let request = FetchRequest { name: BLOB.into(), chunk_bytes: CHUNK as u32 };
-        let mut stream = c.weights.fetch(request).await.map_err(status)?.into_inner();
+        let mut stream = queries::fetch(&mut c, request).await.map_err(status)?;
         let mut hasher = Sha256::new();
         let mut received = 0usize;
         let mut declared = None;
-        while let Some(chunk) = stream.message().await.map_err(status)? {
+        while let Some(chunk) = stream.next().await.map_err(status)? {
             if let Some(info) = chunk.info {
                 declared = Some(info.sha256);
             }
