@@ -23,9 +23,9 @@ use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use clap::Parser;
 use drove_launch::{Launched, Progress, Start};
+use drove_seed::rand_core::Rng;
 use drove_seed::{Purpose, SampleStreams, StreamKey};
 use drove_train::{Placement, Replica, ReplicaOptions, checkpoint};
-use rand_core::Rng;
 
 type B = Autodiff<Flex>;
 const FEATURES: usize = 8;

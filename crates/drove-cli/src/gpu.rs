@@ -75,7 +75,7 @@ impl Gpu {
             });
             #[cfg(not(feature = "nccl"))]
             let reducer: Option<Reducer> = None;
-            drove_ner::train_ner_with::<burn::backend::Autodiff<Cuda>>(
+            drove_ner::train_ner_with::<drove_ner::backend::Autodiff<Cuda>>(
                 opts,
                 comm,
                 observer,
@@ -138,36 +138,11 @@ pub struct WeightsArgs {
 /// `drove weights`: rewrites a safetensors file's f32 and f16 tensors as `--to`;
 /// other tensors (integer ids, for one) are copied as they are.
 pub fn weights(args: &WeightsArgs) -> anyhow::Result<()> {
-    use safetensors::{Dtype, SafeTensors, tensor::TensorView};
     let bytes = std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
-    let st = SafeTensors::deserialize(&bytes).with_context(|| format!("parsing {}", args.input.display()))?;
-    let to = if args.to == "f16" { Dtype::F16 } else { Dtype::F32 };
-    let mut out: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-    for (name, view) in st.tensors() {
-        let data = view.data();
-        let converted = match (view.dtype(), to) {
-            (Dtype::F32, Dtype::F16) => data
-                .chunks_exact(4)
-                .flat_map(|c| half::f16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
-                .collect(),
-            (Dtype::F16, Dtype::F32) => data
-                .chunks_exact(2)
-                .flat_map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32().to_le_bytes())
-                .collect(),
-            // Already the type asked for, or not a float (ids, masks): as it is.
-            _ => data.to_vec(),
-        };
-        let dtype = if matches!(view.dtype(), Dtype::F32 | Dtype::F16) { to } else { view.dtype() };
-        out.push((name, dtype, view.shape().to_vec(), converted));
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    let views: Vec<(String, TensorView<'_>)> = out
-        .iter()
-        .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
-        .collect::<Result<_, _>>()
-        .context("building the tensors")?;
-    safetensors::serialize_to_file(views, None, &args.output)
-        .with_context(|| format!("writing {}", args.output.display()))?;
-    eprintln!("weights: {} tensors written as {} to {}", out.len(), args.to, args.output.display());
+    let to: drove_safetensors::FloatType = args.to.parse().map_err(anyhow::Error::msg)?;
+    let (written, count) = drove_safetensors::convert_floats(&bytes, to)
+        .with_context(|| format!("converting {}", args.input.display()))?;
+    std::fs::write(&args.output, written).with_context(|| format!("writing {}", args.output.display()))?;
+    eprintln!("weights: {count} tensors written as {} to {}", args.to, args.output.display());
     Ok(())
 }

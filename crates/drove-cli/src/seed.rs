@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
+use drove_seed::rand_core::Rng;
 use drove_seed::{DerivedSeed, Purpose, SampleStreams, StreamKey};
-use rand_core::Rng;
 use serde::Serialize;
 
 /// Settings of `drove seed`.

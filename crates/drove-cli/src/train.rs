@@ -12,11 +12,11 @@ use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
-use burn::backend::{Autodiff, Flex};
 use clap::Args;
 use drove_comm::{Collective, Elastic, WorldRange};
 use drove_control::ElasticComm;
 use drove_launch::{LaunchEnv, Progress, ProgressMode, Start};
+use drove_ner::backend::{Autodiff, Flex};
 use drove_ner::{
     DiagnoseReport, EvalReport, MetricsObserver, NerError, NerOptions, NerSummary, Observer, ReformReport,
     StepReport, train_ner, train_ner_elastic,

@@ -54,6 +54,12 @@ mod options;
 mod summary;
 mod trace;
 
+/// The burn backends a fine-tune runs on: `Autodiff<Flex>` on the CPU, and
+/// `Autodiff` over the GPU backend where one is built in.
+pub mod backend {
+    pub use burn::backend::{Autodiff, Flex};
+}
+
 pub use data::NerData;
 pub use error::NerError;
 pub use eval::EvalReport;

@@ -10,7 +10,8 @@
 //! `SafeTensors::deserialize` cannot overflow.
 //!
 //! One job, shared by `drove-bert` (weights) and `drove-train` (checkpoints),
-//! so that neither depends on the other for it.
+//! so that neither depends on the other for it; and [`convert_floats`], the
+//! f16/f32 rewrite behind `drove weights`, which the check guards too.
 //!
 //! ```
 //! let header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
@@ -23,6 +24,10 @@
 //! assert!(e.starts_with("tensor w:"), "{e}");
 //! ```
 #![deny(missing_docs)]
+
+mod convert;
+
+pub use convert::{ConvertError, FloatType, convert_floats};
 
 /// Checks the layout the header of a safetensors file (`bytes`, the whole file)
 /// declares, as `SafeTensors::deserialize` does, but naming the tensor at fault

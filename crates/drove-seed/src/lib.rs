@@ -51,6 +51,9 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use rand_chacha::ChaCha8Rng;
+/// The RNG traits the streams implement (`Rng::next_u64`, ...), so a caller
+/// draws from them without a dependency of its own.
+pub use rand_core;
 pub use rand_pcg::Pcg64;
 
 /// Magic word that opens every key ("drov"), so drove's states never coincide with
