@@ -45,6 +45,8 @@ echo "test: the GPU check's choice of CUDA headers and libraries (python3 -m uni
 python3 -m unittest discover -s scripts -p 'test_gpu_check.py'
 echo "test: the file-level import-cycle checker (python3 -m unittest)"
 python3 -m unittest discover -s scripts -p 'test_module_cycles.py'
+echo "test: no file imports another in a circle (scripts/module_cycles.py)"
+python3 scripts/module_cycles.py
 echo "test: cargo fmt --check"
 cargo fmt --all -- --check
 echo "test: cargo clippy"

@@ -37,7 +37,7 @@ impl Target {
                 anyhow!("no coordinator given: pass --coordinator HOST:PORT or set DROVE_COORDINATOR")
             })?,
         };
-        Ok((addr, token_or_env(self.token.as_deref())))
+        Ok((addr, crate::parse::token_or_env(self.token.as_deref())))
     }
 
     /// Where to connect; with `--store`, first starts a coordinator on that
@@ -55,11 +55,6 @@ impl Target {
         let (addr, token) = self.resolve()?;
         Ok((drove_launch::connection(&addr, token.as_deref()), None))
     }
-}
-
-/// `token`, else `$DROVE_TOKEN` when set and not empty.
-pub(crate) fn token_or_env(token: Option<&str>) -> Option<String> {
-    token.map(str::to_string).or_else(drove_launch::token_from_env)
 }
 
 /// `drove coordinator`: serves until SIGINT or SIGTERM.

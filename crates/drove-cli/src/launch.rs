@@ -16,7 +16,7 @@ use drove_launch::{
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::{control, parse};
+use crate::parse;
 
 /// Settings of `drove run`.
 #[derive(Debug, Args)]
@@ -90,7 +90,7 @@ impl RunArgs {
             Some(addr) => CoordinatorChoice::At(addr.clone()),
             None => CoordinatorChoice::InProcess { store: self.store.clone() },
         };
-        spec.token = control::token_or_env(self.token.as_deref());
+        spec.token = crate::parse::token_or_env(self.token.as_deref());
         if let Some(id) = &self.run_id {
             spec.run_id = id.clone();
         }

@@ -44,7 +44,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
                     )
                 })?,
             },
-            token: crate::control::token_or_env(args.token.as_deref()),
+            token: crate::parse::token_or_env(args.token.as_deref()),
         },
     };
     let run = drove_report::load(&source, args.run.as_deref())?;

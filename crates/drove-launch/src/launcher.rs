@@ -12,13 +12,13 @@ use crate::coordinator::{
     CoordinatorChoice, LaunchCoordinator, check_run_is_free, check_run_is_free_or_elastic, connect,
     leave_all, watch_run,
 };
-use crate::env::var;
 use crate::error::LaunchError;
 use crate::exit::signal_exit_code;
 use crate::restart::{Next, RestartPolicy};
 use crate::signals::forward_signals;
 use crate::spawn::{Event, RankCommand};
 use crate::supervise::{Attempt, SlotPolicy, supervise};
+use crate::var;
 
 /// Most ranks on one host.
 pub const MAX_LOCAL_RANKS: usize = 4096;

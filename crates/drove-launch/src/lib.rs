@@ -66,6 +66,7 @@ mod served;
 mod signals;
 mod spawn;
 mod supervise;
+pub mod var;
 
 pub use console::{Console, PlainConsole, Stream, prefixed};
 pub use coordinator::{CoordinatorChoice, connect, connection};
@@ -73,7 +74,7 @@ pub use drove_control::launcher::status_message;
 /// The names of the metrics and events a run records (`drove report` and the
 /// Prometheus exporter read them).
 pub use drove_metrics::metric_names;
-pub use env::{LaunchEnv, RendezvousKind, coordinator_from_env, token_from_env, var};
+pub use env::{LaunchEnv, RendezvousKind, coordinator_from_env, token_from_env};
 pub use error::{EnvError, LaunchError};
 pub use exit::{describe, exit_code, signal_exit_code, signal_name};
 pub use launcher::{

@@ -4,7 +4,7 @@
 
 use drove_comm::{CommError, Place, Rank, RankRequest, WorldSize};
 
-use crate::env::var;
+use crate::var;
 
 pub(crate) fn parse_usize(name: &str, value: Option<String>) -> Result<usize, CommError> {
     let value = value.ok_or_else(|| CommError::Rendezvous(format!("{name} is not set")))?;

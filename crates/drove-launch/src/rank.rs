@@ -23,10 +23,11 @@ use drove_control::{
 };
 use drove_metrics::{Delivery, MetricsRecorder, RecorderOptions};
 
-use crate::env::{LaunchEnv, RendezvousKind, var};
+use crate::env::{LaunchEnv, RendezvousKind};
 use crate::error::LaunchError;
 use crate::progress::{Progress, ProgressMode};
 use crate::served::{LINGER, ServedCoordinator};
+use crate::var;
 
 /// The run id metrics go under when the launcher set none.
 pub const DEFAULT_RUN_ID: &str = "train";

@@ -10,9 +10,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, mpsc};
 
 use crate::console::{Console, Stream};
-use crate::env::var;
 use crate::error::LaunchError;
 use crate::relay::{THREAD_STACK, relay};
+use crate::var;
 
 /// What the supervisor hears about.
 pub(crate) enum Event {

@@ -8,7 +8,8 @@ use drove_control::{Clients, QueryError, queries};
 use drove_proto::v1::{BlobHeader, FetchRequest, JoinRequest, MetricPoint, PublishChunk, PushRequest};
 use sha2::{Digest, Sha256};
 
-use super::{BATCH, BLOB, CHUNK, IngestReport, METRICS_RUN, RENDEZVOUS_RUN, RendezvousReport, hex};
+use super::report::{IngestReport, RendezvousReport};
+use super::shared::{BATCH, BLOB, CHUNK, METRICS_RUN, RENDEZVOUS_RUN, hex};
 use crate::BenchError;
 use crate::error::Doing as _;
 

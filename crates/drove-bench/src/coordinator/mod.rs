@@ -15,6 +15,7 @@
 
 mod grpc;
 mod report;
+mod shared;
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -27,13 +28,9 @@ use crate::error::Doing as _;
 use crate::measure::{median, spinner};
 use crate::{BenchError, Machine};
 
-pub use report::{Baseline, BlobReport, CoordinatorReport, IngestReport, Ratios, RendezvousReport};
-
-const BATCH: usize = 1000;
-const CHUNK: usize = 1 << 20;
-const RENDEZVOUS_RUN: &str = "bench-rendezvous";
-const METRICS_RUN: &str = "bench-metrics";
-const BLOB: &str = "bench/blob";
+pub use report::{BlobReport, CoordinatorReport, IngestReport, Ratios, RendezvousReport};
+pub use shared::Baseline;
+use shared::{Blob, FetchRounds, gbps, hex};
 
 /// Settings of the coordinator suite (`drove bench coordinator`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,14 +103,6 @@ mod parse {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn gbps(bytes: usize, seconds: f64) -> f64 {
-    bytes as f64 / seconds.max(1e-12) / 1e9
-}
-
 /// `bytes` pseudo-random bytes (splitmix64).
 fn pseudo_random(bytes: usize) -> Vec<u8> {
     let mut blob = vec![0u8; bytes];
@@ -158,14 +147,6 @@ fn raise_open_files(wanted: u64) {
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
-}
-
-/// The blob's figures before the fetches: its bytes, sha256 and the baselines.
-struct Blob {
-    size: usize,
-    sha256: String,
-    publish_seconds: f64,
-    baseline: Baseline,
 }
 
 /// Generates the blob, measures the baselines on it, and publishes it.
@@ -228,14 +209,6 @@ pub fn run(o: &CoordinatorOptions) -> Result<CoordinatorReport, BenchError> {
         CoordinatorReport::new(Machine::detect(), rendezvous, metrics_ingest, blob, o.fetchers, &rounds);
     report.check()?;
     Ok(report)
-}
-
-/// Every fetcher's seconds in the verifying round and in the timed one, and
-/// the timed round's wall-clock seconds.
-struct FetchRounds {
-    verified_seconds: Vec<f64>,
-    seconds: Vec<f64>,
-    wall_seconds: f64,
 }
 
 /// Round 1 verifies every byte (sha256 while receiving); round 2 times the

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::{Blob, CHUNK, FetchRounds, gbps};
+use super::shared::{Baseline, Blob, CHUNK, FetchRounds, gbps};
 use crate::{BenchError, Machine};
 
 /// The coordinator suite's figures.
@@ -80,19 +80,6 @@ pub struct BlobReport {
     pub fetch_verified_gbps_mean: f64,
     /// Every fetcher's bytes hashed to the published sha256.
     pub verified: bool,
-}
-
-/// The blob's baselines, in the same run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Baseline {
-    /// Seconds to hash the blob in memory.
-    pub sha256_seconds: f64,
-    /// Its bytes over `sha256_seconds`, GB/s.
-    pub sha256_gbps: f64,
-    /// Copying it through a buffer, GB/s.
-    pub memcpy_gbps: f64,
-    /// That buffer's bytes (at most 64 MiB).
-    pub memcpy_buffer_bytes: usize,
 }
 
 /// The blob's rates over the baselines.
