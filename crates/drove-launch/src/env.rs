@@ -13,7 +13,7 @@ use std::time::Duration;
 use drove_comm::{CommOptions, Rank, RankRequest, Transport, WorldRange, WorldSize};
 
 use crate::error::EnvError;
-use crate::launchers::{self, Launcher, Placement};
+use crate::launchers::{self, ForeignPlace, Launcher};
 use crate::nodelist;
 use crate::progress::ProgressMode;
 use crate::served::{CoordinatorSource, slurm_default_port};
@@ -361,7 +361,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
     /// in a Slurm job the first host of its node list.
     fn coordinator(
         &self,
-        foreign: Option<&Placement>,
+        foreign: Option<&ForeignPlace>,
     ) -> Result<(Option<String>, Option<CoordinatorSource>), EnvError> {
         if let Some(addr) = self.text(var::COORDINATOR) {
             return Ok((Some(addr), Some(CoordinatorSource::Given)));

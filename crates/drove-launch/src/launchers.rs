@@ -105,7 +105,7 @@ impl fmt::Display for Launcher {
 
 /// Where a foreign launcher placed this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placement {
+pub struct ForeignPlace {
     /// The launcher.
     pub launcher: Launcher,
     /// Rank and world size.
@@ -116,7 +116,7 @@ pub struct Placement {
     pub local_world_size: Option<usize>,
 }
 
-impl Placement {
+impl ForeignPlace {
     /// The variables it was read from, e.g. `OMPI_COMM_WORLD_RANK=2, OMPI_COMM_WORLD_SIZE=3`.
     fn described(&self) -> String {
         let v = self.launcher.vars();
@@ -131,7 +131,10 @@ impl Placement {
 
 /// Reads one launcher's variables through `lookup`: `None` if its rank
 /// variable is not set.
-fn read(launcher: Launcher, lookup: &dyn Fn(&str) -> Option<String>) -> Result<Option<Placement>, EnvError> {
+fn read(
+    launcher: Launcher,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<ForeignPlace>, EnvError> {
     let v = launcher.vars();
     let get = |name: &'static str| lookup(name).filter(|s| !s.trim().is_empty());
     let number = |name: &'static str| -> Result<Option<usize>, EnvError> {
@@ -160,20 +163,20 @@ fn read(launcher: Launcher, lookup: &dyn Fn(&str) -> Option<String>) -> Result<O
     })?;
     let local_rank = v.local_rank.map(number).transpose()?.flatten();
     let local_world_size = v.local_size.map(number).transpose()?.flatten();
-    Ok(Some(Placement { launcher, place, local_rank, local_world_size }))
+    Ok(Some(ForeignPlace { launcher, place, local_rank, local_world_size }))
 }
 
 /// Every foreign launcher whose variables are set, in [`Launcher::FOREIGN`]
 /// order (for reports: which launchers were seen).
-pub fn present(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Placement>, EnvError> {
+pub fn present(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Vec<ForeignPlace>, EnvError> {
     Launcher::FOREIGN.into_iter().filter_map(|l| read(l, lookup).transpose()).collect()
 }
 
 /// The place a foreign launcher gave this process, by the rules of this
 /// module (drove's own variables are read elsewhere and win over these).
-pub fn detect(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Option<Placement>, EnvError> {
+pub fn detect(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Option<ForeignPlace>, EnvError> {
     let found = present(lookup)?;
-    let starters: Vec<&Placement> = found.iter().filter(|p| p.launcher.starts_processes()).collect();
+    let starters: Vec<&ForeignPlace> = found.iter().filter(|p| p.launcher.starts_processes()).collect();
     let Some(first) = starters.first() else { return Ok(found.first().copied()) };
     let disagree = starters.iter().any(|p| {
         p.place != first.place || matches!((p.local_rank, first.local_rank), (Some(a), Some(b)) if a != b)
@@ -195,7 +198,7 @@ mod tests {
 
     use super::*;
 
-    fn detect_in(vars: &[(&str, &str)]) -> Result<Option<Placement>, EnvError> {
+    fn detect_in(vars: &[(&str, &str)]) -> Result<Option<ForeignPlace>, EnvError> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         detect(&|name| map.get(name).cloned())
     }

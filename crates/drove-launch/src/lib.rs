@@ -80,7 +80,7 @@ pub use exit::{describe, exit_code, signal_exit_code, signal_name};
 pub use launcher::{
     ElasticLaunch, End, LaunchOutcome, LaunchSpec, MAX_LOCAL_RANKS, check_run_id, default_run_id, launch,
 };
-pub use launchers::{Launcher, Placement};
+pub use launchers::{ForeignPlace, Launcher};
 pub use nodelist::{NodeListError, expand as expand_nodelist, first_host};
 pub use place::{launch_env, launch_vars};
 pub use progress::{PROGRESS_PREFIX, Progress, ProgressMode};

@@ -114,7 +114,7 @@ pub(crate) fn supervise<'a>(
     let respawn =
         slots.map(|policy| Respawn { command, console, events: tx.clone(), policy, dropped: Vec::new() });
     drop(tx);
-    let mut world = World::new(started, grace, respawn);
+    let mut world = Slots::new(started, grace, respawn);
     if let Some(e) = &spawn_error {
         tracing::error!("{e}");
         let next = world.started.pids.len();
@@ -129,7 +129,7 @@ pub(crate) fn supervise<'a>(
 }
 
 /// The ranks of an attempt while they run.
-struct World<'a> {
+struct Slots<'a> {
     started: Started,
     statuses: Vec<Option<Result<ExitStatus, String>>>,
     running: usize,
@@ -143,10 +143,10 @@ struct World<'a> {
     restarts: u32,
 }
 
-impl<'a> World<'a> {
+impl<'a> Slots<'a> {
     fn new(started: Started, grace: Duration, respawn: Option<Respawn<'a>>) -> Self {
         let n = started.pids.len();
-        World {
+        Slots {
             started,
             statuses: vec![None; n],
             running: n,

@@ -55,7 +55,7 @@ use crate::checkpoint;
 use crate::device::BucketAllReduce;
 use crate::flat::{FlatAdamW, FlatParams, decays};
 use crate::micro::MicroBatches;
-use crate::placement::{PlacementStep, Start};
+use crate::placement::{PlacementStep, StartState};
 use crate::timeline::Timeline;
 
 mod options;
@@ -131,7 +131,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         )
         .map_err(|e| TrainError::Options(format!("could not start the micro-batch threads: {e}")))?;
         let (names, shapes) = (params.names.clone(), params.shapes.clone());
-        let start = Start { params, adamw: options.adamw, decay, fusion: options.fusion, device };
+        let start = StartState { params, adamw: options.adamw, decay, fusion: options.fusion, device };
         let placement = options.placement.start(start);
         Ok(Replica {
             model: Some(model),

@@ -60,7 +60,7 @@ impl std::fmt::Display for Placement {
 }
 
 /// What a fresh placement starts from.
-pub(crate) struct Start<'a, B: AutodiffBackend> {
+pub(crate) struct StartState<'a, B: AutodiffBackend> {
     /// The (broadcast) parameters.
     pub params: FlatParams,
     /// AdamW's settings.
@@ -75,7 +75,7 @@ pub(crate) struct Start<'a, B: AutodiffBackend> {
 
 impl Placement {
     /// The placement's state for a model whose parameters are `start.params`.
-    pub(crate) fn start<B, M>(self, start: Start<'_, B>) -> Box<dyn PlacementStep<B, M>>
+    pub(crate) fn start<B, M>(self, start: StartState<'_, B>) -> Box<dyn PlacementStep<B, M>>
     where
         B: AutodiffBackend,
         M: AutodiffModule<B>,
