@@ -428,17 +428,10 @@ impl fmt::Display for AllreduceReport {
 
 #[cfg(all(test, feature = "clap"))]
 mod tests {
-    use clap::Parser as _;
-
     use super::*;
 
     #[test]
     fn no_flags_are_the_default_options() {
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            options: AllreduceOptions,
-        }
-        assert_eq!(Flags::parse_from(["allreduce"]).options, AllreduceOptions::default());
+        assert_eq!(crate::flags::parsed_from_no_flags::<AllreduceOptions>(), AllreduceOptions::default());
     }
 }

@@ -15,3 +15,16 @@ pub(crate) fn seconds(s: &str) -> Result<f64, String> {
 pub(crate) fn seeding(s: &str) -> Result<MaskSeeding, String> {
     s.parse()
 }
+
+/// What parsing no flags gives for the options `T` (a test holds it equal to
+/// `T::default()`, so the library's defaults are the command's).
+#[cfg(test)]
+pub(crate) fn parsed_from_no_flags<T: clap::Args>() -> T {
+    use clap::Parser as _;
+    #[derive(clap::Parser)]
+    struct Flags<T: clap::Args> {
+        #[command(flatten)]
+        options: T,
+    }
+    Flags::<T>::parse_from(["drove-bench"]).options
+}

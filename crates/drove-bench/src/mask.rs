@@ -457,12 +457,6 @@ mod tests {
     #[cfg(feature = "clap")]
     #[test]
     fn no_flags_are_the_default_options() {
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            options: MaskOptions,
-        }
-        use clap::Parser as _;
-        assert_eq!(Flags::parse_from(["mask"]).options, MaskOptions::default());
+        assert_eq!(crate::flags::parsed_from_no_flags::<MaskOptions>(), MaskOptions::default());
     }
 }

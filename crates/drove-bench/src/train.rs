@@ -272,12 +272,6 @@ mod tests {
     #[cfg(feature = "clap")]
     #[test]
     fn no_flags_are_the_default_options() {
-        use clap::Parser as _;
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            options: TrainOptions,
-        }
-        assert_eq!(Flags::parse_from(["train"]).options, TrainOptions::default());
+        assert_eq!(crate::flags::parsed_from_no_flags::<TrainOptions>(), TrainOptions::default());
     }
 }

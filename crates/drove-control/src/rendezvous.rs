@@ -137,17 +137,19 @@ impl CoordinatorRendezvous {
 
     /// Tells the coordinator this rank is done (with an error message if it failed).
     pub fn leave(&self, rank: Rank, error: Option<&str>) -> Result<(), CommError> {
+        self.send_leave(LeaveRequest {
+            run_id: self.run_id.clone(),
+            rank: wire_rank(rank),
+            error: error.unwrap_or_default().to_string(),
+            ..Default::default()
+        })
+    }
+
+    /// Sends one leave to the coordinator.
+    fn send_leave(&self, request: LeaveRequest) -> Result<(), CommError> {
         block_on(async {
             let mut c = self.connection().connect().await.map_err(rendezvous_err)?;
-            c.rendezvous
-                .leave(LeaveRequest {
-                    run_id: self.run_id.clone(),
-                    rank: wire_rank(rank),
-                    error: error.unwrap_or_default().to_string(),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|s| rendezvous_err(s.message()))?;
+            c.rendezvous.leave(request).await.map_err(|s| rendezvous_err(s.message()))?;
             Ok(())
         })
         .map_err(|e| CommError::io("leaving the run", e))?
@@ -280,21 +282,13 @@ impl CoordinatorRendezvous {
         step: u64,
         error: Option<&str>,
     ) -> Result<(), CommError> {
-        block_on(async {
-            let mut c = self.connection().connect().await.map_err(rendezvous_err)?;
-            c.rendezvous
-                .leave(LeaveRequest {
-                    run_id: self.run_id.clone(),
-                    member_id: member.as_str().to_string(),
-                    step: step as i64,
-                    error: error.unwrap_or_default().to_string(),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|s| rendezvous_err(s.message()))?;
-            Ok(())
+        self.send_leave(LeaveRequest {
+            run_id: self.run_id.clone(),
+            member_id: member.as_str().to_string(),
+            step: step as i64,
+            error: error.unwrap_or_default().to_string(),
+            ..Default::default()
         })
-        .map_err(|e| CommError::io("leaving the run", e))?
     }
 }
 

@@ -263,12 +263,6 @@ mod tests {
     #[cfg(feature = "clap")]
     #[test]
     fn no_flags_are_the_default_options() {
-        use clap::Parser as _;
-        #[derive(clap::Parser)]
-        struct Flags {
-            #[command(flatten)]
-            options: CoordinatorOptions,
-        }
-        assert_eq!(Flags::parse_from(["coordinator"]).options, CoordinatorOptions::default());
+        assert_eq!(crate::flags::parsed_from_no_flags::<CoordinatorOptions>(), CoordinatorOptions::default());
     }
 }
