@@ -81,6 +81,10 @@ pub struct LaunchEnv {
     /// `DROVE_HEARTBEAT_SECS`: how often a joined rank beats (`None`:
     /// never); [`drove_control::DEFAULT_HEARTBEAT`] when unset.
     pub heartbeat: Option<Duration>,
+    /// `DROVE_METRICS_CAPACITY`, if set.
+    pub metrics_capacity: Option<usize>,
+    /// `DROVE_METRICS_FLUSH_SECS`, if set.
+    pub metrics_flush: Option<Duration>,
     /// `DROVE_BIND`, if set.
     pub bind: Option<std::net::SocketAddr>,
     /// `DROVE_RENDEZVOUS_DIR`, if set.
@@ -202,6 +206,8 @@ impl LaunchEnv {
                 Some(every) => Some(every),
             },
             bind: read.address(var::BIND)?,
+            metrics_capacity: read.number(var::METRICS_CAPACITY)?,
+            metrics_flush: read.seconds(var::METRICS_FLUSH_SECS)?,
             rendezvous_dir: read.text(var::RENDEZVOUS_DIR).map(PathBuf::from),
             peers: read.text(var::PEERS),
             peers_file: read.text(var::PEERS_FILE).map(PathBuf::from),

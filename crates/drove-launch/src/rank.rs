@@ -227,7 +227,13 @@ impl LaunchEnv {
     pub fn metrics(&self, rank: usize) -> Result<Option<MetricsRecorder>, LaunchError> {
         let Some(addr) = &self.coordinator else { return Ok(None) };
         let run_id = self.run_id.as_deref().unwrap_or(DEFAULT_RUN_ID);
-        let options = RecorderOptions::from_env()?;
+        let defaults = RecorderOptions::default();
+        let options = RecorderOptions {
+            capacity: self.metrics_capacity.unwrap_or(defaults.capacity),
+            flush_timeout: self.metrics_flush.unwrap_or(defaults.flush_timeout),
+            tls_ca: self.tls_ca.clone(),
+            ..defaults
+        };
         Ok(Some(MetricsRecorder::new(addr, self.token.as_deref(), run_id, rank, options)?))
     }
 

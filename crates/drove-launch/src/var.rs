@@ -82,3 +82,7 @@ pub const SLURMD_NODENAME: &str = "SLURMD_NODENAME";
 pub const OMPI_JOB_ID: &str = "OMPI_MCA_ess_base_jobid";
 /// torchrun's run id (`none` when not given).
 pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
+/// Most metric points a rank holds waiting for the coordinator.
+pub const METRICS_CAPACITY: &str = "DROVE_METRICS_CAPACITY";
+/// How long a rank waits at its end for its last metric points, in seconds.
+pub const METRICS_FLUSH_SECS: &str = "DROVE_METRICS_FLUSH_SECS";

@@ -1,6 +1,8 @@
 //! [`RecorderOptions`]: how a [`MetricsRecorder`](crate::MetricsRecorder)
-//! buffers, retries and gives up, from code or the environment.
+//! buffers, retries and gives up (drove-launch fills them from the
+//! environment: `DROVE_METRICS_CAPACITY`, `DROVE_METRICS_FLUSH_SECS`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::RecorderError;
@@ -22,6 +24,9 @@ pub struct RecorderOptions {
     pub max_backoff: Duration,
     /// One push's deadline (connecting included).
     pub push_timeout: Duration,
+    /// The CA file trusted for an `https://` coordinator (none: plain text
+    /// only; drove-launch reads it from `DROVE_TLS_CA`).
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for RecorderOptions {
@@ -33,41 +38,14 @@ impl Default for RecorderOptions {
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             push_timeout: Duration::from_secs(20),
+            tls_ca: None,
         }
     }
 }
 
 impl RecorderOptions {
-    /// The defaults, overridden by `DROVE_METRICS_CAPACITY` (points) and
-    /// `DROVE_METRICS_FLUSH_SECS` (seconds) where set.
-    pub fn from_env() -> Result<Self, RecorderError> {
-        let mut o = RecorderOptions::default();
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        if let Some(v) = var("DROVE_METRICS_CAPACITY") {
-            o.capacity = v.trim().parse().map_err(|_| RecorderError::Setting {
-                name: "DROVE_METRICS_CAPACITY".into(),
-                message: format!("must be a whole number of points, found {v:?}"),
-            })?;
-        }
-        if let Some(v) = var("DROVE_METRICS_FLUSH_SECS") {
-            let secs: f64 = v.trim().parse().map_err(|_| RecorderError::Setting {
-                name: "DROVE_METRICS_FLUSH_SECS".into(),
-                message: format!("must be a number of seconds, found {v:?}"),
-            })?;
-            if !(secs.is_finite() && secs >= 0.0) {
-                return Err(RecorderError::Setting {
-                    name: "DROVE_METRICS_FLUSH_SECS".into(),
-                    message: format!("must be a finite number of seconds of at least 0, found {v:?}"),
-                });
-            }
-            o.flush_timeout = Duration::from_secs_f64(secs);
-        }
-        o.check()?;
-        Ok(o)
-    }
-
     /// Checks that the options can work, naming the one at fault.
-    pub(crate) fn check(&self) -> Result<(), RecorderError> {
+    pub fn check(&self) -> Result<(), RecorderError> {
         let bad = |name: &str, message: String| Err(RecorderError::Setting { name: name.into(), message });
         if self.batch == 0 {
             return bad("batch", "must be at least 1, found 0".into());

@@ -111,7 +111,7 @@ impl Pusher {
     ) -> Result<u64, String> {
         if client.is_none() {
             let channel = drove_control::Connection::new(&self.addr, self.token.as_deref())
-                .with_tls_ca(std::env::var_os("DROVE_TLS_CA").map(Into::into))
+                .with_tls_ca(self.options.tls_ca.clone())
                 .authed()
                 .await
                 .map_err(|e| e.to_string())?;
@@ -146,6 +146,7 @@ fn tokio_stream_once(
 pub(crate) fn send_event(
     addr: &str,
     token: Option<&str>,
+    tls_ca: Option<std::path::PathBuf>,
     event: RunEvent,
     timeout: Duration,
 ) -> Result<(), String> {
@@ -156,7 +157,7 @@ pub(crate) fn send_event(
     runtime.block_on(async {
         let call = async {
             let channel = drove_control::Connection::new(addr, token)
-                .with_tls_ca(std::env::var_os("DROVE_TLS_CA").map(Into::into))
+                .with_tls_ca(tls_ca)
                 .authed()
                 .await
                 .map_err(|e| e.to_string())?;

@@ -168,7 +168,7 @@ impl MetricsRecorder {
             message: message.to_string(),
             wall_time_unix_ms: 0,
         };
-        send_event(&self.addr, self.token.as_deref(), event, timeout)
+        send_event(&self.addr, self.token.as_deref(), self.options.tls_ca.clone(), event, timeout)
             .map_err(|message| RecorderError::Event { addr: self.addr.clone(), message })
     }
 
