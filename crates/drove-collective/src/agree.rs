@@ -95,6 +95,27 @@ fn scale(d: &OpDesc) -> (f64, f64) {
     d.reduce.map_or((1.0, 1.0), |r| (r.prescale, r.postscale))
 }
 
+impl OpDesc {
+    /// The same op, its `problem` set from what this rank's own arguments
+    /// say, as every transport checks them: a first dimension where the op
+    /// needs one, `shape` against the tensor's `len` elements, the scale
+    /// factors against the dtype, the root against `world`.
+    pub fn checked(self, len: usize, world: usize) -> OpDesc {
+        let needs_rows = matches!(self.kind, OpKind::AllGather | OpKind::ReduceScatter);
+        let problem = if needs_rows && self.shape.is_empty() {
+            Some(format!("{} needs a tensor with at least one dimension", self.kind))
+        } else {
+            shape_problem(&self.shape, len)
+                .or_else(|| self.reduce.and_then(|r| scale_problem(self.dtype, &r)))
+                .or_else(|| {
+                    (self.kind == OpKind::Broadcast && self.root >= world)
+                        .then(|| format!("root {} is out of range for world size {world}", self.root))
+                })
+        };
+        self.with_problem(problem)
+    }
+}
+
 /// Why `shape` does not describe a tensor of `len` elements, if it does not.
 pub fn shape_problem(shape: &[usize], len: usize) -> Option<String> {
     match shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::agree::{agree, scale_problem, shape_problem};
+use crate::agree::agree;
 use crate::collective::{Collective, Gathered};
 use crate::dtype::{Buffer, DType, TensorMut, TensorRef};
 use crate::error::CommError;
@@ -208,18 +208,6 @@ fn buffer(dtype: DType, bytes: Vec<u8>) -> Buffer {
     b
 }
 
-fn problem(desc: OpDesc, shape: &[usize], len: usize) -> OpDesc {
-    let found = shape_problem(shape, len);
-    let found = found.or_else(|| desc.reduce.and_then(|r| scale_problem(desc.dtype, &r)));
-    let found = found.or_else(|| {
-        matches!(desc.kind, OpKind::AllGather | OpKind::ReduceScatter)
-            .then_some(())
-            .filter(|()| shape.is_empty())
-            .map(|()| format!("{} needs a tensor with at least one dimension", desc.kind))
-    });
-    desc.with_problem(found)
-}
-
 impl Collective for LocalWorld {
     fn rank(&self) -> usize {
         self.place.rank().get()
@@ -240,8 +228,10 @@ impl Collective for LocalWorld {
         mut data: TensorMut<'_>,
         opts: ReduceOptions,
     ) -> Result<(), CommError> {
-        let desc = OpDesc::new(OpKind::AllReduce, name, data.dtype(), shape).reducing(opts);
-        let desc = problem(desc, shape, data.len());
+        let world = self.world_size();
+        let desc = OpDesc::new(OpKind::AllReduce, name, data.dtype(), shape)
+            .reducing(opts)
+            .checked(data.len(), world);
         let out = self.round(desc, data.bytes_mut().to_vec())?;
         data.bytes_mut().copy_from_slice(out.data.bytes());
         Ok(())
@@ -254,24 +244,18 @@ impl Collective for LocalWorld {
         mut data: TensorMut<'_>,
         root: usize,
     ) -> Result<(), CommError> {
-        let desc = problem(
-            OpDesc::new(OpKind::Broadcast, name, data.dtype(), shape).from_root(root),
-            shape,
-            data.len(),
-        );
         let world = self.world_size();
-        let desc = if desc.problem.is_none() && root >= world {
-            desc.with_problem(Some(format!("root {root} is out of range for world size {world}")))
-        } else {
-            desc
-        };
+        let desc = OpDesc::new(OpKind::Broadcast, name, data.dtype(), shape)
+            .from_root(root)
+            .checked(data.len(), world);
         let out = self.round(desc, data.bytes_mut().to_vec())?;
         data.bytes_mut().copy_from_slice(out.data.bytes());
         Ok(())
     }
 
     fn all_gather(&self, name: &str, shape: &[usize], data: TensorRef<'_>) -> Result<Gathered, CommError> {
-        let desc = problem(OpDesc::new(OpKind::AllGather, name, data.dtype(), shape), shape, data.len());
+        let desc =
+            OpDesc::new(OpKind::AllGather, name, data.dtype(), shape).checked(data.len(), self.world_size());
         self.round(desc, data.bytes().to_vec())
     }
 
@@ -283,7 +267,7 @@ impl Collective for LocalWorld {
         opts: ReduceOptions,
     ) -> Result<Gathered, CommError> {
         let desc = OpDesc::new(OpKind::ReduceScatter, name, data.dtype(), shape).reducing(opts);
-        self.round(problem(desc, shape, data.len()), data.bytes().to_vec())
+        self.round(desc.checked(data.len(), self.world_size()), data.bytes().to_vec())
     }
 
     fn barrier(&self, name: &str) -> Result<(), CommError> {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use drove_collective::reduce::{scale_bytes, split_rows as split};
 use drove_collective::{
     Buffer, Collective, CommError, DType, Gathered, OpDesc, OpKind, Pending, ReduceOptions, TensorMut,
-    TensorRef, scale_problem, shape_problem,
+    TensorRef,
 };
 
 use crate::engine::Engine;
@@ -179,8 +179,8 @@ impl Communicator {
         opts: ReduceOptions,
     ) -> Result<(), CommError> {
         let dtype = data.dtype();
-        let problem = shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts));
-        let d = desc(OpKind::AllReduce, name, dtype, shape).reducing(opts).with_problem(problem);
+        let d =
+            desc(OpKind::AllReduce, name, dtype, shape).reducing(opts).checked(data.len(), engine.world());
         let (mut clock, _) = engine.begin(d)?;
         let bytes = data.bytes_mut();
         if dtype.is_float() {
@@ -197,10 +197,7 @@ impl Communicator {
         root: usize,
     ) -> Result<(), CommError> {
         let world = engine.world();
-        let problem = shape_problem(shape, data.len()).or_else(|| {
-            (root >= world).then(|| format!("root {root} is out of range for world size {world}"))
-        });
-        let d = desc(OpKind::Broadcast, name, data.dtype(), shape).from_root(root).with_problem(problem);
+        let d = desc(OpKind::Broadcast, name, data.dtype(), shape).from_root(root).checked(data.len(), world);
         let (mut clock, _) = engine.begin(d)?;
         engine.broadcast(data.bytes_mut(), root, &mut clock)
     }
@@ -245,12 +242,7 @@ impl Collective for Communicator {
         let t = self.shared.ticket();
         self.shared.run(t, |engine| {
             let dtype = data.dtype();
-            let problem = if shape.is_empty() {
-                Some("all_gather needs a tensor with at least one dimension".into())
-            } else {
-                shape_problem(shape, data.len())
-            };
-            let d = desc(OpKind::AllGather, name, dtype, shape).with_problem(problem);
+            let d = desc(OpKind::AllGather, name, dtype, shape).checked(data.len(), engine.world());
             let (mut clock, all) = engine.begin(d)?;
             let counts: Vec<usize> =
                 all.iter().map(|d| d.shape.iter().product::<usize>() * dtype.size()).collect();
@@ -274,12 +266,7 @@ impl Collective for Communicator {
         self.shared.run(t, |engine| {
             let dtype = data.dtype();
             let world = engine.world();
-            let problem = if shape.is_empty() {
-                Some("reduce_scatter needs a tensor with at least one dimension".into())
-            } else {
-                shape_problem(shape, data.len()).or_else(|| scale_problem(dtype, &opts))
-            };
-            let d = desc(OpKind::ReduceScatter, name, dtype, shape).reducing(opts).with_problem(problem);
+            let d = desc(OpKind::ReduceScatter, name, dtype, shape).reducing(opts).checked(data.len(), world);
             let (mut clock, _) = engine.begin(d)?;
             let row: usize = shape[1..].iter().product();
             let rows = split(shape[0], world);
