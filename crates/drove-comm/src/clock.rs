@@ -47,6 +47,9 @@ pub(crate) struct Clock {
     hang_limit: Duration,
     /// Past the deadline: when the next warning about live peers is due.
     next_hang_warning: Duration,
+    /// Past the deadline: when the peers are next looked at (a wait polls
+    /// far more often than their state can change).
+    next_look: Duration,
 }
 
 impl Clock {
@@ -60,6 +63,7 @@ impl Clock {
             liveness: deadlines.liveness.clone(),
             hang_limit: deadlines.hang_limit,
             next_hang_warning: Duration::ZERO,
+            next_look: Duration::ZERO,
         }
     }
 
@@ -68,6 +72,17 @@ impl Clock {
     /// error is the one to report).
     pub fn with_grace(&self, grace: Duration) -> Clock {
         Clock { timeout: self.timeout + grace, hang_limit: self.hang_limit + grace, ..self.clone() }
+    }
+
+    /// Past the deadline, whether it is time to look at the peers again
+    /// (every [`PAST_DEADLINE_SLICE`]); before it, always.
+    pub fn look_due(&mut self) -> bool {
+        let elapsed = self.start.elapsed();
+        if elapsed < self.timeout || elapsed >= self.next_look {
+            self.next_look = elapsed + PAST_DEADLINE_SLICE;
+            return true;
+        }
+        false
     }
 
     /// Whether the op's deadline has passed.

@@ -269,6 +269,9 @@ impl Mesh {
         if !clock.past_deadline() {
             return clock.check(waiting);
         }
+        if !clock.look_due() {
+            return Ok(());
+        }
         let stuck = self.unacknowledged();
         if stuck.is_empty() {
             return clock.check(waiting);
