@@ -100,6 +100,22 @@ impl Trainer for Cpu {
     }
 }
 
+/// A GPU drove-ner opened (`--device cuda[:N]`): the same fine-tune as
+/// `drove train ner`'s there.
+impl Trainer for drove_ner::Gpu {
+    fn device(&self) -> DeviceChoice {
+        drove_ner::Gpu::device(self)
+    }
+
+    fn train(&self, options: &NerOptions, observer: &mut dyn Observer) -> Result<NerSummary, NerError> {
+        self.train_ner(options, &SingleProcess, observer)
+    }
+
+    fn memory_used_bytes(&self) -> Option<u64> {
+        drove_ner::Gpu::memory_used_bytes(self).map_err(|e| tracing::warn!("GPU memory in use: {e}")).ok()
+    }
+}
+
 /// What the training suite reports (the JSON of `drove bench train`). The
 /// fields are in the order of their names: the JSON's keys always were.
 #[derive(Clone, Debug, PartialEq, Serialize)]

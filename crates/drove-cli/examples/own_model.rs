@@ -22,7 +22,7 @@ use burn::nn::loss::{MseLoss, Reduction};
 use burn::nn::{Linear, LinearConfig, Relu};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use clap::Parser;
-use drove_launch::{Launched, Progress, Start};
+use drove_launch::{Launched, Progress, RankOutcome, Start};
 use drove_seed::rand_core::Rng;
 use drove_seed::{Purpose, SampleStreams, StreamKey};
 use drove_train::{Placement, Replica, ReplicaOptions, checkpoint};
@@ -100,6 +100,25 @@ fn main() -> anyhow::Result<()> {
     // Under `drove run` the ranks find each other through its coordinator;
     // alone, a world of one without metrics.
     let launched = Launched::join()?;
+    let rank = launched.rank();
+    let trained = train(&args, &launched);
+    // Every rank ends the same way, failed or not: its last metrics
+    // delivered, and (rank 0) its coordinator up until all have left.
+    let error = trained.as_ref().err().map(|e| format!("{e:#}"));
+    let outcome = match &error {
+        None => RankOutcome::Finished { steps: args.steps as u64 },
+        Some(error) => RankOutcome::Failed { steps: 0, error },
+    };
+    if let Some(delivery) = launched.finish(outcome)
+        && delivery.undelivered() > 0
+    {
+        eprintln!("warning: rank {rank}: {delivery}");
+    }
+    trained
+}
+
+/// Trains on the launched ranks.
+fn train(args: &Args, launched: &Launched) -> anyhow::Result<()> {
     let (rank, world, device) = (launched.rank(), launched.world_size(), Default::default());
     B::seed(&device, StreamKey::init(42).derive().words()[0]); // the same initial weights everywhere
     let model = Mlp::<B> {
@@ -167,12 +186,6 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(dir) = &args.save {
         replica.save(dir, &LoopState { steps: total }, &[], 1)?;
-    }
-    drop(replica);
-    if let Some(delivery) = launched.finish()
-        && delivery.undelivered() > 0
-    {
-        eprintln!("warning: rank {rank}: {delivery}");
     }
     Ok(())
 }

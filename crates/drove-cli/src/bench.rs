@@ -11,10 +11,8 @@ use drove_bench::coordinator::CoordinatorOptions;
 use drove_bench::mask::MaskOptions;
 use drove_bench::nccl::NcclOptions;
 use drove_bench::train::{Cpu, TrainOptions, Trainer};
-use drove_train::gpu::DeviceChoice;
+use drove_ner::{DeviceChoice, Gpu};
 use serde::Serialize;
-
-use crate::gpu;
 
 /// Settings of `drove bench mask`.
 #[derive(Debug, Args)]
@@ -117,7 +115,7 @@ pub fn coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
 
 /// `drove bench train`, on the CPU or on the GPU `--device` names.
 pub fn train(args: &TrainArgs) -> anyhow::Result<()> {
-    let gpu = gpu::open(args.device, drove_launch::LaunchEnv::from_env()?.local_rank)?;
+    let gpu = Gpu::open(args.device, drove_launch::LaunchEnv::from_env()?.local_rank)?;
     let trainer: &dyn Trainer = match &gpu {
         Some(gpu) => gpu,
         None => &Cpu,
@@ -131,29 +129,22 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<()> {
 pub fn nccl(args: &NcclArgs) -> anyhow::Result<ExitCode> {
     #[cfg(feature = "nccl")]
     {
-        let launch = drove_launch::LaunchEnv::from_env()?;
-        let served = launch.serve_coordinator()?;
-        let mesh = launch.communicator()?;
+        let launched = drove_launch::Launched::join()?;
+        let mesh = launched.comm();
         let (report, passed) = if args.buckets {
-            let report = drove_bench::nccl::in_place(&args.options, mesh.as_ref())?;
+            let report = drove_bench::nccl::in_place(&args.options, mesh)?;
             let passed = report.passed;
             (serde_json::to_value(report).context("json")?, passed)
         } else {
-            (
-                serde_json::to_value(drove_bench::nccl::run(&args.options, mesh.as_ref())?)
-                    .context("json")?,
-                true,
-            )
+            (serde_json::to_value(drove_bench::nccl::run(&args.options, mesh)?).context("json")?, true)
         };
-        let rank = mesh.rank();
-        drop(mesh);
-        launch.finish(rank, None, served);
+        launched.finish(drove_launch::RankOutcome::Finished { steps: 1 });
         print(&report, args.json, || serde_json::to_string_pretty(&report).expect("json") + "\n")?;
         Ok(if passed { ExitCode::SUCCESS } else { ExitCode::FAILURE })
     }
     #[cfg(not(feature = "nccl"))]
     {
         let _ = args;
-        anyhow::bail!("drove bench nccl: {}", gpu::BUILD_HINT)
+        anyhow::bail!("drove bench nccl: {}", drove_ner::gpu::BUILD_HINT)
     }
 }

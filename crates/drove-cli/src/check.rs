@@ -1,6 +1,6 @@
 //! `drove check`: a small program to run under a launcher (`drove run --np 4 --
 //! drove check`, `mpirun`, `srun`, torchrun-style variables). Each rank joins
-//! the others the way a trainer does (`drove_launch::LaunchEnv`: rank 0
+//! the others the way a trainer does (`drove_launch::Launched`: rank 0
 //! serves the coordinator where the launcher names a place for it),
 //! all-reduces its rank, and prints `rank R of N: sum of ranks = S`; with
 //! `--json`, also which launcher placed it, where the coordinator came from,
@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use drove_comm::{Element, ReduceOptions, Rendezvous};
+use drove_launch::RankOutcome;
 use serde_json::json;
 
 /// Settings of `drove check`.
@@ -94,10 +95,10 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(fail(code, args.rank_to_fail));
     }
-    let served = launch.serve_coordinator()?;
-    let comm = launch.communicator().context(
+    let launched = drove_launch::Launched::from_launch_env(launch).context(
         "joining the other ranks (drove check runs under a launcher: drove run --np 2 -- drove check)",
     )?;
+    let comm = launched.comm();
     let (rank, world, transport) = (comm.rank(), comm.world_size(), comm.transport());
     if let Some(code) = args.fail_with
         && rank == args.rank_to_fail
@@ -117,10 +118,14 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
                 Err(anyhow::anyhow!("the all-reduce of the ranks gave {}, expected {expected}", sum[0]))
             }
         })
-        .and_then(|()| check_payloads(comm.as_ref(), args));
-    drop(comm);
+        .and_then(|()| check_payloads(comm, args));
+    let env = launched.env();
+    let (launcher, coordinator, run_id) = (env.launcher, env.coordinator_source, env.run_id.clone());
     let error = outcome.as_ref().err().map(|e| format!("{e:#}"));
-    launch.finish(rank, error.as_deref(), served);
+    launched.finish(match &error {
+        None => RankOutcome::Finished { steps: 1 },
+        Some(error) => RankOutcome::Failed { steps: 0, error },
+    });
     let checked = outcome?;
     if args.json {
         let report = json!({
@@ -128,9 +133,9 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             "world_size": world,
             "sum": sum[0],
             "transport": transport,
-            "launcher": launch.launcher.map(|l| l.as_str()),
-            "coordinator": launch.coordinator_source.map(|s| s.as_str()),
-            "run_id": launch.run_id,
+            "launcher": launcher.map(|l| l.as_str()),
+            "coordinator": coordinator.map(|s| s.as_str()),
+            "run_id": run_id,
             "size": args.size,
             "iterations": args.size.map(|_| args.iterations),
             "float_error_eps": checked.as_ref().map(|c| c.float_error_eps),

@@ -34,12 +34,12 @@ mod check;
 mod check_payload;
 mod control;
 mod diag;
-mod gpu;
 mod launch;
 mod parse;
 mod report;
 mod seed;
 mod train;
+mod weights;
 
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
@@ -96,7 +96,7 @@ enum Command {
     Health(control::HealthArgs),
     /// Rewrite a safetensors file's float tensors as f16 or f32 (to carry
     /// weights in half the bytes, and back).
-    Weights(gpu::WeightsArgs),
+    Weights(weights::WeightsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -152,7 +152,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench { what: BenchCommand::Coordinator(args) } => done(bench::coordinator(&args)),
         Command::Bench { what: BenchCommand::Train(args) } => done(bench::train(&args)),
         Command::Bench { what: BenchCommand::Nccl(args) } => bench::nccl(&args),
-        Command::Weights(args) => done(gpu::weights(&args)),
+        Command::Weights(args) => done(weights::weights(&args)),
         Command::Seed(args) => done(seed::run(&args)),
         Command::Coordinator(flags) => done(control::serve(&flags)),
         Command::Run(args) => launch::run(&args),

@@ -13,20 +13,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use clap::Args;
-use drove_comm::{Collective, Elastic, WorldRange};
-use drove_control::ElasticComm;
-use drove_launch::{LaunchEnv, Progress, ProgressMode, Start};
+use drove_comm::{CommError, WorldRange};
+use drove_launch::{LaunchEnv, Launched, Progress, ProgressMode, RankOutcome, Ranks, Start};
 use drove_ner::backend::{Autodiff, Flex};
 use drove_ner::{
-    DiagnoseReport, EvalReport, MetricsObserver, NerError, NerOptions, NerSummary, Observer, ReformReport,
-    StepReport, train_ner, train_ner_elastic,
+    DeviceChoice, DiagnoseReport, EvalReport, Gpu, MetricsObserver, NerError, NerOptions, NerSummary,
+    Observer, Placement, ReformReport, StepReport, train_ner, train_ner_elastic,
 };
-use drove_train::Placement;
-use drove_train::gpu::DeviceChoice;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::process::ExitCode;
-
-use crate::gpu;
 
 type Backend = Autodiff<Flex>;
 
@@ -203,46 +198,31 @@ impl Observer for Reporter {
     }
 }
 
-/// The ranks a run trains among: a fixed world, or an elastic run's
-/// changing worlds.
-enum Ranks {
-    Fixed(Box<dyn Collective>),
-    Elastic(Box<ElasticComm>),
-}
-
-impl Ranks {
-    fn collective(&self) -> &dyn Collective {
-        match self {
-            Ranks::Fixed(comm) => comm.as_ref(),
-            Ranks::Elastic(comm) => comm.as_ref(),
+/// Trains on `ranks`, on `gpu` if one was opened.
+fn train(
+    ranks: &Ranks,
+    opts: &NerOptions,
+    gpu: Option<&Gpu>,
+    reporter: &mut Reporter,
+) -> Result<NerSummary, NerError> {
+    match (ranks, gpu) {
+        (Ranks::Fixed(comm), None) => {
+            train_ner::<Backend>(opts, comm.as_ref(), reporter, &Default::default())
+        }
+        (Ranks::Fixed(comm), Some(gpu)) => gpu.train_ner(opts, comm.as_ref(), reporter),
+        (Ranks::Elastic(comm), _) => {
+            train_ner_elastic::<Backend>(opts, comm.as_ref(), reporter, &Default::default())
         }
     }
+}
 
-    /// Trains on these ranks, on `gpu` if one was opened.
-    fn train(
-        &self,
-        opts: &NerOptions,
-        gpu: Option<&gpu::Gpu>,
-        reporter: &mut Reporter,
-    ) -> Result<NerSummary, NerError> {
-        match (self, gpu) {
-            (Ranks::Fixed(comm), None) => {
-                train_ner::<Backend>(opts, comm.as_ref(), reporter, &Default::default())
-            }
-            (Ranks::Fixed(comm), Some(gpu)) => gpu.train_ner(opts, comm.as_ref(), reporter),
-            (Ranks::Elastic(comm), _) => {
-                let summary =
-                    train_ner_elastic::<Backend>(opts, comm.as_ref(), reporter, &Default::default());
-                // A member left out is no longer in the run: its error is its own.
-                let left_out = matches!(&summary, Err(NerError::Comm(drove_comm::CommError::LeftOut(_))));
-                let error = summary.as_ref().err().map(ToString::to_string);
-                let steps = summary.as_ref().map_or(0, |s| s.steps);
-                if !left_out && let Err(e) = comm.leave(steps, error.as_deref()) {
-                    reporter.progress.say(&format!("warning: leaving the elastic run: {e}"));
-                }
-                summary
-            }
-        }
+/// How the rank's run ended, for `Launched::finish`: a member left out is no
+/// longer in the run (its error is its own).
+fn outcome<'a>(summary: &Result<NerSummary, NerError>, error: Option<&'a str>) -> RankOutcome<'a> {
+    match (summary, error) {
+        (Ok(s), _) => RankOutcome::Finished { steps: s.steps },
+        (Err(NerError::Comm(CommError::LeftOut(_))), Some(error)) => RankOutcome::LeftOut { error },
+        (Err(_), error) => RankOutcome::Failed { steps: 0, error: error.unwrap_or_default() },
     }
 }
 
@@ -419,32 +399,26 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         opts.resume = true;
     }
     // Before joining the other ranks: a missing GPU fails at once.
-    let gpu = gpu::open(args.device, launch.local_rank)?;
+    let gpu = Gpu::open(args.device, launch.local_rank)?;
+    if launch.elastic.is_some() && gpu.is_some() {
+        return Err(anyhow!("an elastic run (--world) trains on the CPU only for now: drop --device"));
+    }
     // Rank 0 serves the coordinator where the launcher names a place for it.
-    let served = launch.serve_coordinator()?;
-    let ranks = match launch.elastic {
-        Some(_) if gpu.is_some() => {
-            return Err(anyhow!("an elastic run (--world) trains on the CPU only for now: drop --device"));
-        }
-        Some(range) => Ranks::Elastic(Box::new(launch.elastic(Some(range))?)),
-        None => Ranks::Fixed(launch.communicator()?),
-    };
-    let comm = ranks.collective();
-    let rank = comm.rank();
+    let mut launched = Launched::from_launch_env(launch)?;
+    let rank = launched.rank();
     // The diversity alarm is on by default wherever it can go off.
-    if args.diagnose_every.is_none() && opts.augment_mask > 0.0 && comm.world_size() > 1 {
+    if args.diagnose_every.is_none() && opts.augment_mask > 0.0 && launched.world_size() > 1 {
         opts.diagnose_every = DEFAULT_DIAGNOSE_EVERY;
     }
-    let metrics = launch.metrics(rank)?;
     let mut reporter = Reporter {
         progress: RankProgress {
             rank,
             bar: None,
             log_every: args.log_every,
             started: Instant::now(),
-            to_launcher: launch.progress == ProgressMode::Launcher,
+            to_launcher: launched.env().progress == ProgressMode::Launcher,
         },
-        metrics: metrics.map(|m| MetricsObserver::new(m, rank)),
+        metrics: launched.take_metrics().map(|m| MetricsObserver::new(m, rank)),
         // A failure to test restarts with happens in the first attempt only.
         fail_at: args.fail_at_step.filter(|_| restart == 0).map(|s| (s, args.rank_to_fail)),
         stall_at: args.stall_at_step.filter(|_| restart == 0).map(|s| {
@@ -452,36 +426,31 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         }),
     };
     if rank == 0 {
-        record_options(&reporter, &opts, comm.world_size(), restart);
+        record_options(&reporter, &opts, launched.world_size(), restart);
     }
-    let summary = ranks.train(&opts, gpu.as_ref(), &mut reporter);
-    drop(ranks);
-    // Under mpirun or srun each rank leaves the run itself, after its last
-    // metrics; rank 0 keeps its coordinator up until all have.
-    let error = summary.as_ref().err().map(|e| format!("rank {rank}: {e}"));
-    let summary = match summary {
-        Ok(s) => s,
-        Err(e @ NerError::IdenticalMasks { .. }) => {
-            close_metrics(&mut reporter, rank);
-            launch.finish(rank, error.as_deref(), served);
-            eprintln!("error: rank {rank}: {e}");
-            return Ok(ExitCode::from(IDENTICAL_MASKS_EXIT));
-        }
-        Err(e) => {
-            close_metrics(&mut reporter, rank);
-            launch.finish(rank, error.as_deref(), served);
-            return Err(anyhow!("rank {rank}: {e}"));
-        }
-    };
+    let summary = train(launched.ranks(), &opts, gpu.as_ref(), &mut reporter);
     if let Some(bar) = reporter.progress.bar.take() {
         bar.finish_and_clear();
     }
+    // Each rank's last metrics are delivered before it leaves the run; under
+    // mpirun or srun it leaves itself, and rank 0 keeps its coordinator up
+    // until all have.
     close_metrics(&mut reporter, rank);
-    launch.finish(rank, None, served);
-    if rank == 0 {
-        print_summary(&summary, args.json);
+    let error = summary.as_ref().err().map(ToString::to_string);
+    launched.finish(outcome(&summary, error.as_deref()));
+    match summary {
+        Ok(summary) => {
+            if rank == 0 {
+                print_summary(&summary, args.json);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e @ NerError::IdenticalMasks { .. }) => {
+            eprintln!("error: rank {rank}: {e}");
+            Ok(ExitCode::from(IDENTICAL_MASKS_EXIT))
+        }
+        Err(e) => Err(anyhow!("rank {rank}: {e}")),
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

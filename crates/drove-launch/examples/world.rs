@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use drove_comm::{Element as _, ReduceOptions};
-use drove_launch::{LaunchEnv, LaunchSpec, Launched, PlainConsole, Progress, launch};
+use drove_launch::{LaunchEnv, LaunchSpec, Launched, PlainConsole, Progress, RankOutcome, launch};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     if LaunchEnv::from_env()?.under_launcher() {
@@ -29,6 +29,6 @@ fn rank() -> Result<(), Box<dyn std::error::Error>> {
     world.record(1, "sum_of_ranks", sum[0] as f64);
     world.progress(&Progress::at(1, 1));
     println!("rank {} of {}: sum of ranks = {}", world.rank(), world.world_size(), sum[0]);
-    world.finish();
+    world.finish(RankOutcome::Finished { steps: 1 });
     Ok(())
 }

@@ -31,7 +31,7 @@
 //! bundles them with progress lines for the launcher's bar:
 //!
 //! ```no_run
-//! use drove_launch::{Launched, Progress, Start};
+//! use drove_launch::{Launched, Progress, RankOutcome, Start};
 //!
 //! let rank = Launched::join()?; // the other ranks, metrics, progress
 //! let first = match rank.start("ckpt/latest".as_ref()) {
@@ -43,7 +43,7 @@
 //!     rank.record(step, "loss", loss);
 //!     rank.progress(&Progress { loss: Some(loss), ..Progress::at(step + 1, 200) });
 //! }
-//! rank.finish();
+//! rank.finish(RankOutcome::Finished { steps: 200 });
 //! # Ok::<(), drove_launch::LaunchError>(())
 //! ```
 
@@ -84,7 +84,7 @@ pub use launchers::{ForeignPlace, Launcher};
 pub use nodelist::{NodeListError, expand as expand_nodelist, first_host};
 pub use place::{launch_env, launch_vars};
 pub use progress::{PROGRESS_PREFIX, Progress, ProgressMode};
-pub use rank::{DEFAULT_RUN_ID, Launched, Start, connect_from_env};
+pub use rank::{DEFAULT_RUN_ID, Launched, RankOutcome, Ranks, Start, connect_from_env};
 pub use restart::RestartPolicy;
 pub use served::{CoordinatorSource, LINGER, ServedCoordinator, slurm_default_port};
 pub use supervise::Cause;

@@ -9,14 +9,16 @@
 //!   launcher named a place for (`MASTER_ADDR`, a Slurm job's first host).
 //! - [`LaunchEnv::finish`]: at the end, leave the run (under a launcher
 //!   that does not) and keep rank 0's coordinator up until all have left.
-//! - [`Launched`]: all of these at once, with progress lines for the launcher.
+//! - [`Launched`]: all of these at once (a fixed world or an elastic run's
+//!   [`Ranks`]), with progress lines for the launcher, ended as a
+//!   [`RankOutcome`] says.
 
 use std::path::Path;
 use std::time::Duration;
 
 use drove_comm::{
-    Collective, CommError, Communicator, FileRendezvous, MemberId, Place, RankRequest, SingleProcess,
-    StaticRendezvous, WorldRange, parse_peers,
+    Collective, CommError, Communicator, Elastic, FileRendezvous, MemberId, Place, RankRequest,
+    SingleProcess, StaticRendezvous, WorldRange, parse_peers,
 };
 use drove_control::{
     CoordinatorRendezvous, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership,
@@ -250,12 +252,71 @@ pub fn connect_from_env() -> Result<Communicator, LaunchError> {
     LaunchEnv::from_env()?.connect()
 }
 
-/// A rank that has joined its world: the communicator, the metrics recorder
-/// and progress reporting, from the launch environment.
+/// The ranks a launched process works among.
+pub enum Ranks {
+    /// The world the launcher started (or a world of one).
+    Fixed(Box<dyn Collective>),
+    /// A member of an elastic run (`DROVE_ELASTIC`, a command's `--world`):
+    /// its worlds re-form as members come and go.
+    Elastic(Box<ElasticComm>),
+}
+
+impl Ranks {
+    /// The collective of the current world.
+    pub fn collective(&self) -> &dyn Collective {
+        match self {
+            Ranks::Fixed(comm) => comm.as_ref(),
+            Ranks::Elastic(comm) => comm.as_ref(),
+        }
+    }
+}
+
+/// How a rank's work ended, for [`Launched::finish`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankOutcome<'a> {
+    /// It finished after `steps` steps.
+    Finished {
+        /// The steps it completed.
+        steps: u64,
+    },
+    /// It failed after `steps` steps.
+    Failed {
+        /// The steps it completed.
+        steps: u64,
+        /// What failed.
+        error: &'a str,
+    },
+    /// The elastic run left it out (its error is its own: it is no longer a
+    /// member, so it does not leave).
+    LeftOut {
+        /// What it was told.
+        error: &'a str,
+    },
+}
+
+impl RankOutcome<'_> {
+    fn error(&self) -> Option<&str> {
+        match *self {
+            RankOutcome::Finished { .. } => None,
+            RankOutcome::Failed { error, .. } | RankOutcome::LeftOut { error } => Some(error),
+        }
+    }
+}
+
+/// A rank that has joined its world: the one rank lifecycle of every drove
+/// program under a launcher (`drove train ner`, `drove check`, the GPU
+/// trainer, a user's own loop).
+///
+/// [`join`](Self::join) serves the coordinator on rank 0 where the launcher
+/// names a place for it, joins the other ranks (a fixed world, or an
+/// elastic run's member when the environment says so) and starts a metrics
+/// recorder when there is a coordinator; [`finish`](Self::finish) leaves the
+/// elastic run, delivers the last metrics, leaves the run under a foreign
+/// launcher, and keeps rank 0's coordinator up until every rank has left.
 pub struct Launched {
     env: LaunchEnv,
     served: Option<ServedCoordinator>,
-    comm: Box<dyn Collective>,
+    ranks: Ranks,
     metrics: Option<MetricsRecorder>,
 }
 
@@ -265,12 +326,17 @@ impl Launched {
         Self::from_launch_env(LaunchEnv::from_env()?)
     }
 
-    /// [`join`](Self::join) with an environment already read.
+    /// [`join`](Self::join) with an environment already read: an elastic
+    /// run's member when it names one ([`LaunchEnv::elastic`]), else the
+    /// launcher's world ([`LaunchEnv::communicator`]).
     pub fn from_launch_env(env: LaunchEnv) -> Result<Self, LaunchError> {
         let served = env.serve_coordinator()?;
-        let comm = env.communicator()?;
-        let metrics = env.metrics(comm.rank())?;
-        Ok(Launched { env, served, comm, metrics })
+        let ranks = match env.elastic {
+            Some(range) => Ranks::Elastic(Box::new(env.elastic(Some(range))?)),
+            None => Ranks::Fixed(env.communicator()?),
+        };
+        let metrics = env.metrics(ranks.collective().rank())?;
+        Ok(Launched { env, served, ranks, metrics })
     }
 
     /// The launch environment.
@@ -278,24 +344,36 @@ impl Launched {
         &self.env
     }
 
+    /// The ranks: a fixed world or an elastic run's.
+    pub fn ranks(&self) -> &Ranks {
+        &self.ranks
+    }
+
     /// The communicator (to hand to `drove_train::Replica`).
     pub fn comm(&self) -> &dyn Collective {
-        self.comm.as_ref()
+        self.ranks.collective()
     }
 
     /// This rank.
     pub fn rank(&self) -> usize {
-        self.comm.rank()
+        self.comm().rank()
     }
 
     /// The number of ranks.
     pub fn world_size(&self) -> usize {
-        self.comm.world_size()
+        self.comm().world_size()
     }
 
     /// See [`LaunchEnv::start`].
     pub fn start(&self, latest_checkpoint: &Path) -> Start {
         self.env.start(latest_checkpoint)
+    }
+
+    /// The metrics recorder, for an observer that records through it itself
+    /// (drove-ner's `MetricsObserver`); [`record`](Self::record) and
+    /// [`event`](Self::event) record nothing after.
+    pub fn take_metrics(&mut self) -> Option<MetricsRecorder> {
+        self.metrics.take()
     }
 
     /// Records `name = value` at `step` (nothing without a coordinator; a
@@ -335,14 +413,28 @@ impl Launched {
         }
     }
 
-    /// Delivers the last metrics (bounded by `DROVE_METRICS_FLUSH_SECS`) and
-    /// says what was not delivered (`None` without a coordinator); then
-    /// ends the rank as [`LaunchEnv::finish`] does.
-    pub fn finish(mut self) -> Option<Delivery> {
+    /// Ends the rank as `outcome` says: a member of an elastic run leaves it
+    /// (unless it was left out); the last metrics are delivered (bounded by
+    /// `DROVE_METRICS_FLUSH_SECS`) and what was not is returned (`None`
+    /// without a recorder); then, as [`LaunchEnv::finish`] does, the rank
+    /// leaves the run under a foreign launcher and rank 0's coordinator
+    /// waits until every rank has.
+    pub fn finish(mut self, outcome: RankOutcome<'_>) -> Option<Delivery> {
+        let rank = self.rank();
+        if let Ranks::Elastic(comm) = &self.ranks {
+            let left = match outcome {
+                RankOutcome::Finished { steps } => comm.leave(steps, None),
+                RankOutcome::Failed { steps, error } => comm.leave(steps, Some(error)),
+                RankOutcome::LeftOut { .. } => Ok(()),
+            };
+            if let Err(e) = left {
+                tracing::warn!("rank {rank}: leaving the elastic run: {e}");
+            }
+        }
+        drop(std::mem::replace(&mut self.ranks, Ranks::Fixed(Box::new(SingleProcess))));
         let delivery = self.metrics.take().map(MetricsRecorder::close);
-        let rank = self.comm.rank();
-        drop(std::mem::replace(&mut self.comm, Box::new(SingleProcess)));
-        self.env.finish(rank, None, self.served.take());
+        let error = outcome.error().map(|e| format!("rank {rank}: {e}"));
+        self.env.finish(rank, error.as_deref(), self.served.take());
         delivery
     }
 }

@@ -46,6 +46,14 @@ pub enum NerError {
     /// A step failed.
     #[error(transparent)]
     Train(#[from] drove_train::TrainError),
+    /// The device could not be opened (or asked) for training.
+    #[error("--device {device}: {source}")]
+    Device {
+        /// The device asked for.
+        device: drove_train::gpu::DeviceChoice,
+        /// What failed.
+        source: drove_train::TrainError,
+    },
     /// The diversity alarm with `--on-identical-masks fail`: every rank
     /// stopped at a diagnosed step whose masks were identical across ranks.
     #[error("the diversity alarm stopped the run at {message}")]

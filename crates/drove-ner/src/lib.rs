@@ -18,14 +18,15 @@
 //! One concept a file: the settings (`options.rs`), the data and its batches
 //! (`data.rs`), the model and its loss (`model.rs`), the loop (`fit.rs`),
 //! evaluation (`eval.rs`), the cross-rank diagnostic (`diagnose.rs`), what the
-//! loop tells its caller (`observer.rs`), its outcome (`summary.rs`) and the
-//! metrics observer (`metrics.rs`).
+//! loop tells its caller (`observer.rs`), its outcome (`summary.rs`), the
+//! metrics observer (`metrics.rs`) and the GPU's wiring (`gpu.rs`).
 //!
 //! ## Features
 //!
-//! Both are off by default, so that a program calling [`train_ner`] with
-//! [`NerOptions`] of its own depends on neither a flag parser nor gRPC;
-//! `drove train ner` turns both on.
+//! All are off by default, so that a program calling [`train_ner`] with
+//! [`NerOptions`] of its own depends on neither a flag parser, gRPC nor CUDA;
+//! `drove train ner` turns on `clap` and `metrics` (and `cuda`, `nccl` in
+//! its GPU build).
 //!
 //! - `clap`: [`NerOptions`] derives `clap::Args`, so the options, their flags,
 //!   help text and defaults are one type: a command flattens it
@@ -35,6 +36,12 @@
 //! - `metrics`: `MetricsObserver`, an [`Observer`] that records the loop's
 //!   reports to a coordinator through `drove-metrics` (a gRPC client), kept
 //!   behind a feature so the fine-tune itself never depends on a transport.
+//! - `cuda`: [`Gpu`] opens `--device cuda[:N]` and trains on burn-cuda with
+//!   the backend placement (the CUDA libraries are loaded at run time; a
+//!   machine without them gets an error naming the missing one). Without it,
+//!   [`Gpu::open`] says how to build a drove that has it.
+//! - `nccl` (with `cuda`): on more than one rank, [`Gpu::train_ner`]'s
+//!   gradient buckets are all-reduced by NCCL on the GPU, in place.
 //!
 //! [`Collective`]: drove_collective::Collective
 #![deny(missing_docs)]
@@ -46,6 +53,7 @@ mod eval;
 mod fit;
 #[cfg(feature = "clap")]
 pub mod flags;
+pub mod gpu;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod model;
@@ -61,9 +69,12 @@ pub mod backend {
 }
 
 pub use data::NerData;
+pub use drove_train::Placement;
+pub use drove_train::gpu::DeviceChoice;
 pub use error::NerError;
 pub use eval::EvalReport;
 pub use fit::{train_ner, train_ner_elastic, train_ner_with};
+pub use gpu::Gpu;
 #[cfg(feature = "metrics")]
 pub use metrics::MetricsObserver;
 pub use model::load_model;
