@@ -45,6 +45,7 @@
 mod clock;
 mod comm;
 mod engine;
+mod greeting;
 mod hierarchical;
 mod host_id;
 mod hosts;
