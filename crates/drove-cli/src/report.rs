@@ -34,8 +34,8 @@ pub struct ReportArgs {
 pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     let source = match &args.store {
         Some(dir) => Source::Store(dir),
-        None => Source::Coordinator {
-            addr: match &args.coordinator {
+        None => {
+            let addr = match &args.coordinator {
                 Some(a) => a.clone(),
                 None => drove_launch::coordinator_from_env().ok_or_else(|| {
                     anyhow!(
@@ -43,9 +43,11 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
                          DROVE_COORDINATOR)"
                     )
                 })?,
-            },
-            token: crate::parse::token_or_env(args.token.as_deref()),
-        },
+            };
+            let token = crate::parse::token_or_env(args.token.as_deref());
+            // The address, token and CA (DROVE_TLS_CA) as every drove client reads them.
+            Source::Coordinator(drove_launch::connection(&addr, token.as_deref()))
+        }
     };
     let run = drove_report::load(&source, args.run.as_deref())?;
     let written = drove_report::write(&run, &args.out)?;

@@ -1,41 +1,26 @@
 //! A run read from a coordinator: its runs (ListRuns) and the run's raw
 //! points (Query), through drove-control's queries.
 
-use drove_control::QueryError;
+use drove_control::{Connection, QueryError};
 use drove_proto::v1::{Aggregation, QueryRequest, RunInfo};
 
 use crate::data::pick;
 use crate::{Event, Point, ReportError, RunData};
 
 impl RunData {
-    /// Asks the coordinator at `addr` (`host:port` or a URL, with `token` on
-    /// every call if given) for run `wanted` (default: the newest) and its raw
-    /// points, on a runtime of its own. From async code, call
-    /// [`RunData::query`] instead.
-    pub fn from_coordinator(
-        addr: &str,
-        token: Option<&str>,
-        wanted: Option<&str>,
-    ) -> Result<RunData, ReportError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .thread_name("drove-report")
-            .build()
-            .map_err(ReportError::Runtime)?;
-        rt.block_on(RunData::query(addr, token, wanted))
+    /// Asks the coordinator `connection` reaches (its address, token and CA)
+    /// for run `wanted` (default: the newest) and its raw points, on
+    /// drove-control's runtime. From async code, call [`RunData::query`]
+    /// instead.
+    pub fn from_coordinator(connection: &Connection, wanted: Option<&str>) -> Result<RunData, ReportError> {
+        drove_control::runtime::block_on(RunData::query(connection, wanted)).map_err(ReportError::Runtime)?
     }
 
     /// [`RunData::from_coordinator`] on the caller's tokio runtime.
-    pub async fn query(
-        addr: &str,
-        token: Option<&str>,
-        wanted: Option<&str>,
-    ) -> Result<RunData, ReportError> {
-        let connection = drove_launch::connection(addr, token);
-        let runs = drove_control::queries::list_runs(&connection).await.map_err(|e| match e {
-            QueryError::Connect(e) => {
-                ReportError::Connect(drove_launch::LaunchError::Coordinator(e.to_string()))
-            }
+    pub async fn query(connection: &Connection, wanted: Option<&str>) -> Result<RunData, ReportError> {
+        let addr = &connection.addr;
+        let runs = drove_control::queries::list_runs(connection).await.map_err(|e| match e {
+            QueryError::Connect(e) => ReportError::Connect(e),
             e => ReportError::Status(e.to_string()),
         })?;
         let at = format!("the coordinator at {addr}");
@@ -47,7 +32,7 @@ impl RunData {
             aggregation: Aggregation::Raw as i32,
             ..QueryRequest::default()
         };
-        let points = drove_control::queries::points(&connection, query)
+        let points = drove_control::queries::points(connection, query)
             .await
             .map_err(|e| ReportError::Query { run: id.clone(), message: e.to_string() })?;
         Ok(RunData {

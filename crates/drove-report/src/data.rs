@@ -100,19 +100,14 @@ pub enum Source<'a> {
     /// A store folder, read in this process.
     Store(&'a Path),
     /// A coordinator, over gRPC.
-    Coordinator {
-        /// host:port or a URL.
-        addr: String,
-        /// Its bearer token, if any.
-        token: Option<String>,
-    },
+    Coordinator(drove_control::Connection),
 }
 
 /// Reads run `run` (default: the newest) from `source`.
 pub fn load(source: &Source<'_>, run: Option<&str>) -> Result<RunData, ReportError> {
     match source {
         Source::Store(dir) => RunData::from_store(dir, run),
-        Source::Coordinator { addr, token } => RunData::from_coordinator(addr, token.as_deref(), run),
+        Source::Coordinator(connection) => RunData::from_coordinator(connection, run),
     }
 }
 

@@ -45,7 +45,7 @@ pub enum ReportError {
     },
     /// The coordinator cannot be reached.
     #[error(transparent)]
-    Connect(#[from] drove_launch::LaunchError),
+    Connect(#[from] drove_control::ConnectError),
     /// The coordinator refused a call, or the call failed.
     #[error("{0}")]
     Status(String),
