@@ -4,8 +4,8 @@
 #      Python tools and, as root on Debian, podman, a base image, headless
 #      Chromium, and the launchers (OpenMPI, Slurm, munge);
 #   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate;
-#   5. the docs (rustdoc warnings as errors) and every crate packaged and built
-#      from its own tarball;
+#   5. the docs (rustdoc warnings as errors) and every crate packaged and
+#      checked alone from its own tarball (scripts/package-check.sh);
 #   6. the GPU build (features cuda,nccl; no GPU needed): clippy, and the
 #      test that a machine without a GPU gets a clear error.
 set -euo pipefail
@@ -56,16 +56,15 @@ cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
 echo "test: cargo doc (rustdoc warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
-echo "test: cargo package --workspace (each crate built from its own tarball)"
+echo "test: cargo package --workspace, each crate checked alone from its own tarball (scripts/package-check.sh)"
 package_started=$(date +%s)
-# cargo verifies each tarball against the others through a local registry whose
-# sources it unpacks under CARGO_HOME, in a folder named by a hash of this
-# checkout's path, and it never unpacks a name-version there again: a second
-# run from the same path would build against the first run's drove crates
+# cargo unpacks the workspace's tarballs under CARGO_HOME, in a folder named by
+# a hash of this checkout's path, and never unpacks a name-version there again:
+# a second run from the same path would see the first run's drove crates
 # (stale generated code). Drop those unpacked drove crates first.
 cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 rm -rf "$cargo_home"/registry/src/-*/drove-*
-cargo package --workspace --locked --allow-dirty
+bash scripts/package-check.sh
 echo "test: cargo package took $(( $(date +%s) - package_started )) s"
 echo "test: the GPU build (features cuda,nccl)"
 gpu_started=$(date +%s)
