@@ -3,7 +3,8 @@
 # ABI: abi3 for Python 3.9+), installed into a fresh virtual environment of the
 # oldest and of the newest Python this machine has (pyenv's, else whichever
 # python3.X is on PATH, else python3), and its tests run there against the Rust
-# side's `drove seed` (DROVE_BIN, default target/debug/drove).
+# side: `drove seed` (DROVE_BIN, default target/debug/drove) and the masks of
+# drove-collate's `mask_fixture` example.
 #
 #   bash scripts/python-package.sh
 set -euo pipefail
@@ -24,6 +25,9 @@ rm -f "$wheels"/drove-*.whl
     "$build_venv/bin/maturin" build --release --locked --quiet -o "$wheels")
 wheel="$(ls "$wheels"/drove-*-abi3-*.whl)"
 echo "python-package: built $(basename "$wheel")"
+# The masks the Rust masker makes, for the Python masker to match bit for bit.
+fixture="$root/target/python-mask-fixture.json"
+(cd "$root" && cargo run --quiet --locked -p drove-collate --example mask_fixture >"$fixture")
 
 # The interpreters: every python3.X (X >= 9) found, keeping the oldest and newest.
 found=()
@@ -47,5 +51,5 @@ for python in "${pythons[@]}"; do
     "$venv/bin/pip" install -q --no-deps "$wheel"
     echo "python-package: the tests on Python $version ($python)"
     # From outside the source tree, so that the installed package is the one imported.
-    (cd "$venv" && DROVE_BIN="$drove_bin" "$venv/bin/python" -m unittest discover -s "$root/python/tests")
+    (cd "$venv" && DROVE_BIN="$drove_bin" DROVE_MASK_FIXTURE="$fixture" "$venv/bin/python" -m unittest discover -s "$root/python/tests")
 done

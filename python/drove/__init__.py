@@ -10,8 +10,15 @@ do, so the same key draws the same numbers in Python and in Rust::
     >>> key.numpy().bit_generator.random_raw(4)   # `drove seed`'s outputs
 
 ``replay_outputs(derived_seed)`` replays a stream from a logged derived seed.
+
+``Masker`` is drove-collate's masker over NumPy arrays: each row masked from
+its sample's own stream, the same masks bit for bit as the Rust masker::
+
+    >>> from drove import Masker
+    >>> masker = Masker(mask_token=103, vocab_size=30522, probability=0.15)
+    >>> masked, actions = masker.mask(ids, maskable, seed=42, epoch=0, samples=indices)
 """
 
-from ._drove import StreamKey, replay_outputs
+from ._drove import Masker, StreamKey, replay_outputs
 
-__all__ = ["StreamKey", "replay_outputs"]
+__all__ = ["Masker", "StreamKey", "replay_outputs"]

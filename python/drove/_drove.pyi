@@ -1,4 +1,7 @@
-from typing import Any, List
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+import numpy.typing as npt
 
 class StreamKey:
     @staticmethod
@@ -36,3 +39,16 @@ class StreamKey:
     def torch(self) -> Any: ...
 
 def replay_outputs(derived_seed: str, n: int = 4) -> List[int]: ...
+
+class Masker:
+    def __init__(self, *, mask_token: int, vocab_size: int, probability: float = 0.15,
+                 mask_fraction: float = 0.8, random_fraction: float = 0.1,
+                 keep_fraction: float = 0.1, whole_word: bool = False) -> None: ...
+    def mask(self, ids: npt.NDArray[np.integer], maskable: npt.NDArray[np.bool_], *, seed: int,
+             epoch: int, samples: npt.NDArray[np.int64],
+             continues_word: Optional[npt.NDArray[np.bool_]] = None,
+             ) -> Tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]: ...
+    @property
+    def probability(self) -> float: ...
+    @property
+    def whole_word(self) -> bool: ...
