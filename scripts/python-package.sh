@@ -15,10 +15,9 @@ if [ ! -x "$drove_bin" ]; then
     exit 1
 fi
 build_venv="$root/target/python-build-venv"
-if [ ! -x "$build_venv/bin/maturin" ]; then
-    python3 -m venv "$build_venv"
-    "$build_venv/bin/pip" install -q -r "$root/python/requirements-build.txt"
-fi
+[ -x "$build_venv/bin/pip" ] || python3 -m venv "$build_venv"
+# A no-op when the pinned maturin is there; a changed pin is installed.
+"$build_venv/bin/pip" install -q -r "$root/python/requirements-build.txt"
 wheels="$root/target/wheels"
 rm -f "$wheels"/drove-*.whl
 (cd "$root/python" && CARGO_TARGET_DIR="$root/target/python" \
