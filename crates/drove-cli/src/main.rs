@@ -79,6 +79,11 @@ enum Command {
     /// Serve the control plane (rendezvous, weights, metrics) until SIGINT or SIGTERM.
     Coordinator(drove_control::Flags),
     /// Launch N ranks of a program on this host: `drove run --np 4 -- PROGRAM ARGS...`.
+    ///
+    /// Each rank gets drove's variables (DROVE_RANK, DROVE_WORLD_SIZE, DROVE_COORDINATOR, ...)
+    /// and, in a fixed world, torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+    /// MASTER_ADDR, MASTER_PORT on a free port), so `torch.distributed.init_process_group`
+    /// works unchanged under `drove run --np 4 -- python3 train.py`.
     Run(launch::RunArgs),
     /// Join the other ranks, all-reduce the rank numbers and print the sum (run it
     /// under `drove run`).
@@ -131,9 +136,12 @@ enum BenchCommand {
     Nccl(bench::NcclArgs),
 }
 
-/// Logs to stderr, filtered by `RUST_LOG`, else by `default`.
+/// Logs to stderr, filtered by `RUST_LOG`, else by `default` with the Vulkan
+/// loader's and driver's own messages (wgpu-hal's) off: when they matter the
+/// device's error says what they say (`RUST_LOG=wgpu_hal=warn` shows them).
 fn init_tracing(default: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default},wgpu_hal=off")));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

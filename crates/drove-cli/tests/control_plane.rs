@@ -162,11 +162,15 @@ fn a_failing_rank_stops_the_others_and_sets_the_exit_code() {
     assert!(start.elapsed() < Duration::from_secs(30));
     assert!(err.contains("[1] rank 1: exiting with code 3 on purpose"), "{err}");
     assert!(err.contains("rank 1 exited with code 3"), "{err}");
-    // Ranks 0 and 2 were waiting for rank 1: only the launcher's SIGTERM ended them.
-    assert!(
-        err.contains("rank 0 was killed by SIGTERM") && err.contains("rank 2 was killed by SIGTERM"),
-        "{err}"
-    );
+    // Ranks 0 and 2 were waiting for rank 1: the launcher's SIGTERM ended them. A rank whose
+    // SIGTERM lands after a peer's may see that peer's socket reset first and exit with an
+    // error of its own; either way it was stopped, never left to wait out the rendezvous.
+    for rank in [0, 2] {
+        let killed = format!("rank {rank} was killed by SIGTERM");
+        let failed = format!("rank {rank} exited with code");
+        assert!(err.contains(&killed) || err.contains(&failed), "rank {rank} in {err}");
+    }
+    assert!(err.contains("was killed by SIGTERM"), "no rank was stopped by the launcher in {err}");
     let pids = logged_pids(&err);
     assert_eq!(pids.len(), 3, "one pid per rank in {err}");
     for line in &out {

@@ -6,6 +6,30 @@
 //! rank that reads them cannot drift apart. A malformed value is an error
 //! naming the variable and what it holds; a missing one is `None` where the
 //! contract allows it (a process started by hand is a world of one).
+//!
+//! # Whose variables win
+//!
+//! A process may carry several launchers' variables: `drove run` gives its
+//! ranks torchrun's beside drove's (so that PyTorch programs run under it
+//! unchanged), and a shell may hold stale ones. The rule has two parts:
+//!
+//! 1. **The place** (rank, world, local rank, run id): drove's when
+//!    `DROVE_WORLD_SIZE` is set, and then no other launcher's variable is
+//!    read, not even checked: torchrun's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//!    `MASTER_ADDR` and `MASTER_PORT` beside drove's change nothing, whatever
+//!    they hold. Without it, another launcher's (see [`launchers`]); a
+//!    `DROVE_RANK` beside that without `DROVE_WORLD_SIZE` is an error rather
+//!    than silently outvoted. An elastic member takes its place from no
+//!    launcher: each world the coordinator forms gives it one.
+//! 2. **The meeting place**: drove's rendezvous variables
+//!    (`DROVE_COORDINATOR`, `DROVE_RENDEZVOUS_DIR`, `DROVE_PEERS`,
+//!    `DROVE_PEERS_FILE`) when any is set. Only without them, and only for
+//!    a process another launcher placed, do `MASTER_ADDR:MASTER_PORT` (or a
+//!    Slurm job's first host) name a coordinator that rank 0 serves. So a
+//!    drove rank under `drove run` never binds `MASTER_PORT`: that port is
+//!    PyTorch's store's.
+//!
+//! [`launchers`]: crate::launchers
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -49,8 +73,9 @@ pub struct LaunchEnv {
     /// `DROVE_RUN_ID`, else the launcher's job (`slurm-JOB.STEP`,
     /// `openmpi-JOB`, `torchrun-ID`, a PyTorchJob's name), if either.
     pub run_id: Option<String>,
-    /// The coordinator's address: `DROVE_COORDINATOR`, else the one rank 0
-    /// serves (`MASTER_ADDR:MASTER_PORT`, or a Slurm job's first host).
+    /// The coordinator's address: `DROVE_COORDINATOR`, else, for a process
+    /// another launcher placed and no other drove rendezvous set, the one
+    /// rank 0 serves (`MASTER_ADDR:MASTER_PORT`, or a Slurm job's first host).
     pub coordinator: Option<String>,
     /// Where [`coordinator`](Self::coordinator) comes from, if set.
     pub coordinator_source: Option<CoordinatorSource>,
@@ -146,8 +171,9 @@ impl LaunchEnv {
             Some(range) => Some(range),
             None => read.elastic()?,
         };
+        // Rule 1 (see the module's docs): drove's place, else another launcher's.
         let drove_world = read.text(var::WORLD_SIZE).is_some();
-        let foreign = if drove_world { None } else { launchers::detect(&lookup)? };
+        let foreign = if drove_world { None } else { read.foreign(&lookup, elastic.is_some())? };
         let (place, launcher) = if drove_world {
             let place = crate::place::launch_vars(&lookup).map_err(|e| EnvError::Place(e.to_string()))?;
             let by_index = read.text(var::RANK).is_none() && read.text(var::JOB_COMPLETION_INDEX).is_some();
@@ -278,6 +304,34 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         (self.0)(name).filter(|v| !v.trim().is_empty())
     }
 
+    /// The place another launcher gave this process (drove's own is not
+    /// set): an error if `DROVE_RANK` is set beside it, unless `elastic`
+    /// (then `DROVE_RANK` is the launcher's slot, not a place).
+    fn foreign(
+        &self,
+        lookup: &dyn Fn(&str) -> Option<String>,
+        elastic: bool,
+    ) -> Result<Option<ForeignPlace>, EnvError> {
+        let foreign = launchers::detect(lookup)?;
+        if let Some(p) = foreign.filter(|_| !elastic)
+            && let Some(rank) = self.text(var::RANK)
+        {
+            return Err(EnvError::Place(format!(
+                "{}={} is set without {}, beside {} placing this process as rank {} of {}: set {} too \
+                 (then drove's variables win), or unset {}",
+                var::RANK,
+                rank.trim(),
+                var::WORLD_SIZE,
+                p.launcher,
+                p.place.rank(),
+                p.place.world(),
+                var::WORLD_SIZE,
+                var::RANK
+            )));
+        }
+        Ok(foreign)
+    }
+
     fn number<T: std::str::FromStr>(&self, name: &'static str) -> Result<Option<T>, EnvError> {
         self.text(name)
             .map(|v| {
@@ -362,9 +416,10 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         }
     }
 
-    /// The coordinator and where it comes from: `DROVE_COORDINATOR`; else,
-    /// for a process another launcher placed, `MASTER_ADDR:MASTER_PORT`, or
-    /// in a Slurm job the first host of its node list.
+    /// The coordinator and where it comes from (rule 2 of the module's
+    /// docs): `DROVE_COORDINATOR`; else, for a process another launcher
+    /// placed and no other drove rendezvous set, `MASTER_ADDR:MASTER_PORT`,
+    /// or in a Slurm job the first host of its node list.
     fn coordinator(
         &self,
         foreign: Option<&ForeignPlace>,
@@ -372,7 +427,8 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         if let Some(addr) = self.text(var::COORDINATOR) {
             return Ok((Some(addr), Some(CoordinatorSource::Given)));
         }
-        if foreign.is_none() {
+        // Not placed by another launcher, or drove's own rendezvous is set.
+        if foreign.is_none() || self.rendezvous(false) != RendezvousKind::Alone {
             return Ok((None, None));
         }
         match (self.text(var::MASTER_ADDR), self.port(var::MASTER_PORT)?) {
@@ -647,6 +703,132 @@ mod tests {
             "drove's win"
         );
         assert_eq!(given.coordinator_source, Some(CoordinatorSource::Given));
+    }
+
+    /// torchrun's variables as `drove run` gives them beside drove's, and as
+    /// another launcher or a stale shell may leave them: contradicting
+    /// drove's, out of range, malformed, incomplete, or disagreeing with
+    /// `mpirun`'s.
+    const TORCHRUN_BESIDE: [&[(&str, &str)]; 5] = [
+        &[
+            (var::TORCH_RANK, "1"),
+            (var::TORCH_WORLD_SIZE, "2"),
+            (var::TORCH_LOCAL_RANK, "1"),
+            (var::TORCH_LOCAL_WORLD_SIZE, "2"),
+            (var::GROUP_RANK, "0"),
+            (var::MASTER_ADDR, "127.0.0.1"),
+            (var::MASTER_PORT, "29533"),
+            (var::TORCHELASTIC_RESTART_COUNT, "0"),
+        ],
+        &[
+            (var::TORCH_RANK, "5"),
+            (var::TORCH_WORLD_SIZE, "8"),
+            (var::TORCH_LOCAL_RANK, "3"),
+            (var::MASTER_ADDR, "bert-ner-master-0"),
+            (var::MASTER_PORT, "29500"),
+            (var::TORCHELASTIC_RUN_ID, "exp7"),
+        ],
+        &[
+            (var::TORCH_RANK, "x"),
+            (var::TORCH_WORLD_SIZE, "0"),
+            (var::MASTER_ADDR, "h"),
+            (var::MASTER_PORT, "0"),
+        ],
+        &[(var::TORCH_RANK, "2"), (var::TORCH_WORLD_SIZE, "2"), (var::MASTER_ADDR, "h")],
+        &[
+            (var::TORCH_RANK, "0"),
+            (var::TORCH_WORLD_SIZE, "3"),
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "3"),
+            (var::MASTER_PORT, "29500"),
+        ],
+    ];
+
+    #[test]
+    fn drove_s_variables_with_torchrun_s_beside_them_resolve_as_drove_s_alone() {
+        let drove: [&[(&str, &str)]; 7] = [
+            // drove run's rank 0 and rank 1 of a fixed world, a restart of it
+            &[
+                (var::COORDINATOR, "127.0.0.1:7000"),
+                (var::RUN_ID, "r1"),
+                (var::RANK, "0"),
+                (var::WORLD_SIZE, "2"),
+                (var::LOCAL_RANK, "0"),
+                (var::LOCAL_WORLD_SIZE, "2"),
+                (var::RESTART_COUNT, "0"),
+                (var::PROGRESS, "launcher"),
+            ],
+            &[
+                (var::COORDINATOR, "127.0.0.1:7000"),
+                (var::RUN_ID, "r1"),
+                (var::RANK, "1"),
+                (var::WORLD_SIZE, "2"),
+                (var::LOCAL_RANK, "1"),
+                (var::RESTART_COUNT, "3"),
+            ],
+            // drove run --min-np's member
+            &[
+                (var::COORDINATOR, "127.0.0.1:7000"),
+                (var::RANK, "1"),
+                (var::WORLD_SIZE, "2"),
+                (var::ELASTIC, "1:3"),
+                (var::MEMBER_ID, "h.1.slot-1"),
+            ],
+            // an Indexed Job, any free rank, peers, a shared folder
+            &[(var::COORDINATOR, "c:1"), (var::WORLD_SIZE, "4"), (var::JOB_COMPLETION_INDEX, "3")],
+            &[(var::COORDINATOR, "c:1"), (var::WORLD_SIZE, "4")],
+            &[(var::PEERS, "a:1,b:2"), (var::WORLD_SIZE, "2"), (var::RANK, "0")],
+            &[(var::RENDEZVOUS_DIR, "/d"), (var::WORLD_SIZE, "2"), (var::RANK, "1")],
+        ];
+        for d in drove {
+            let alone = env(d).unwrap();
+            assert!(matches!(alone.launcher, Some(Launcher::Drove | Launcher::IndexedJob)), "{d:?}");
+            for t in TORCHRUN_BESIDE {
+                let both: Vec<_> = d.iter().chain(t.iter()).copied().collect();
+                let e = env(&both).unwrap_or_else(|e| panic!("{both:?}: {e}"));
+                assert_eq!(e, alone, "{both:?}");
+                assert_ne!(e.coordinator_source, Some(CoordinatorSource::Master), "{both:?}");
+                // Rank 0 serves no coordinator, so binds no port: MASTER_PORT is PyTorch's.
+                assert!(e.serve_coordinator().unwrap().is_none(), "{both:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn drove_s_rendezvous_wins_over_the_meeting_place_of_the_launcher_that_placed_the_process() {
+        let torchrun = [
+            (var::TORCH_RANK, "1"),
+            (var::TORCH_WORLD_SIZE, "2"),
+            (var::MASTER_ADDR, "10.0.0.5"),
+            (var::MASTER_PORT, "29500"),
+        ];
+        for (drove, kind) in [
+            ((var::PEERS, "a:1,b:2"), RendezvousKind::Peers),
+            ((var::PEERS_FILE, "/peers"), RendezvousKind::Peers),
+            ((var::RENDEZVOUS_DIR, "/d"), RendezvousKind::Directory),
+        ] {
+            let mut vars = torchrun.to_vec();
+            vars.push(drove);
+            let e = env(&vars).unwrap();
+            assert_eq!((e.rendezvous, e.coordinator.as_deref(), e.coordinator_source), (kind, None, None));
+            assert_eq!(
+                (e.launcher, e.rank()),
+                (Some(Launcher::Torchrun), Some(Rank::new(1))),
+                "the place is torchrun's"
+            );
+            vars[3] = (var::MASTER_PORT, "not a port");
+            assert_eq!(env(&vars).unwrap().rendezvous, kind, "MASTER_PORT is not read");
+        }
+        // DROVE_RANK beside torchrun's place without DROVE_WORLD_SIZE: not silently outvoted.
+        let mut vars = torchrun.to_vec();
+        vars.push((var::RANK, "0"));
+        assert_eq!(
+            env(&vars).unwrap_err().to_string(),
+            "DROVE_RANK=0 is set without DROVE_WORLD_SIZE, beside torchrun placing this process as rank 1 of 2: \
+             set DROVE_WORLD_SIZE too (then drove's variables win), or unset DROVE_RANK"
+        );
+        vars.push((var::WORLD_SIZE, "3"));
+        assert_eq!(env(&vars).unwrap().rank(), Some(Rank::new(0)));
     }
 
     #[test]

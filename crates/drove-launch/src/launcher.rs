@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use drove_control::Clients;
 
+use crate::child::TorchWorld;
 use crate::console::Console;
 use crate::coordinator::{
     CoordinatorChoice, LaunchCoordinator, check_run_is_free, check_run_is_free_or_elastic, connect,
@@ -123,8 +124,16 @@ impl LaunchSpec {
         Some(format!("{}.{}.", host.trim(), std::process::id()))
     }
 
-    /// The variables every rank of an attempt gets (the rank's own are set at spawn).
-    fn rank_env(&self, addr: &str, restarts: u32, progress: bool) -> Vec<(String, String)> {
+    /// The variables every rank of an attempt gets (the rank's own are set
+    /// at spawn): drove's, then torchrun's for a fixed world (`torch`), then
+    /// the spec's own, which win.
+    fn rank_env(
+        &self,
+        addr: &str,
+        restarts: u32,
+        progress: bool,
+        torch: Option<&TorchWorld>,
+    ) -> Vec<(String, String)> {
         let mut env = vec![
             (var::WORLD_SIZE.to_string(), self.np.to_string()),
             (var::LOCAL_WORLD_SIZE.to_string(), self.np.to_string()),
@@ -146,6 +155,9 @@ impl LaunchSpec {
         }
         if let Some(e) = self.elastic {
             env.push((var::ELASTIC.to_string(), format!("{}:{}", e.min, e.max)));
+        }
+        if let Some(world) = torch {
+            env.extend(world.shared_vars().into_iter().map(|(k, v)| (k.to_string(), v)));
         }
         env.extend(self.env.iter().cloned());
         env
@@ -287,13 +299,23 @@ impl Attempts<'_> {
         let mut restarts = 0u32;
         let prefix = spec.member_prefix();
         let slots = spec.elastic.map(|e| SlotPolicy { min: e.min, max_restarts: spec.restart.max_restarts });
+        let mut master_port = None;
         loop {
-            let env = spec.rank_env(self.addr, restarts, self.console.draws_progress());
+            // torchrun's variables for PyTorch programs, meeting at a fresh
+            // port each start; none in an elastic launch, whose ranks change
+            // with each world (see `child.rs`).
+            let torch = match spec.elastic {
+                Some(_) => None,
+                None => Some(TorchWorld::start(spec.np, restarts, master_port)?),
+            };
+            master_port = torch.map(|t| t.master_port);
+            let env = spec.rank_env(self.addr, restarts, self.console.draws_progress(), torch.as_ref());
             let command = RankCommand {
                 program: &spec.program,
                 args: &spec.args,
                 env: &env,
                 member_prefix: prefix.as_deref(),
+                torch: torch.is_some(),
             };
             let watcher =
                 self.rt.spawn(watch_run(clients.rendezvous.clone(), spec.run_id.clone(), tx.clone()));
@@ -322,7 +344,10 @@ impl Attempts<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
+    use crate::{CoordinatorSource, LaunchEnv, Launcher};
 
     fn elastic(np: usize, min: usize, max: usize) -> Result<(), String> {
         let mut spec = LaunchSpec::new(np, "true", Vec::<String>::new());
@@ -350,9 +375,81 @@ mod tests {
         let mut spec = LaunchSpec::new(2, "true", Vec::<String>::new());
         assert!(spec.member_prefix().is_none(), "a fixed launch names no members");
         spec.elastic = Some(ElasticLaunch { min: 1, max: 3 });
-        let env = spec.rank_env("127.0.0.1:1", 0, false);
+        let env = spec.rank_env("127.0.0.1:1", 0, false, None);
         assert!(env.contains(&(var::ELASTIC.to_string(), "1:3".to_string())), "{env:?}");
         let prefix = spec.member_prefix().unwrap();
         assert!(prefix.ends_with(&format!(".{}.", std::process::id())), "{prefix}");
+    }
+
+    /// Rank `rank`'s variables over what it inherits, as its process gets
+    /// them (a later one wins), and those it must not inherit.
+    fn child_env(
+        spec: &LaunchSpec,
+        torch: Option<&TorchWorld>,
+        rank: usize,
+    ) -> (HashMap<String, String>, &'static [&'static str]) {
+        let env = spec.rank_env("127.0.0.1:7000", torch.map_or(0, |t| t.restart_count), true, torch);
+        let prefix = spec.member_prefix();
+        let command = RankCommand {
+            program: &spec.program,
+            args: &spec.args,
+            env: &env,
+            member_prefix: prefix.as_deref(),
+            torch: torch.is_some(),
+        };
+        (command.vars(rank).into_iter().collect(), command.unset())
+    }
+
+    #[test]
+    fn a_fixed_world_s_child_gets_torchrun_s_variables_and_reads_drove_s_alone() {
+        let mut spec = LaunchSpec::new(2, "python", ["train.py"]);
+        spec.run_id = "r1".into();
+        let world = TorchWorld { np: 2, master_port: 29533, restart_count: 1 };
+        for rank in 0..2 {
+            let (vars, unset) = child_env(&spec, Some(&world), rank);
+            assert!(unset.is_empty());
+            let get = |name: &str| vars.get(name).map(String::as_str);
+            let r = rank.to_string();
+            assert_eq!(
+                [var::TORCH_RANK, var::TORCH_LOCAL_RANK, var::RANK, var::LOCAL_RANK].map(get),
+                [Some(r.as_str()); 4]
+            );
+            assert_eq!(
+                [var::TORCH_WORLD_SIZE, var::TORCH_LOCAL_WORLD_SIZE, var::GROUP_RANK].map(get),
+                [Some("2"), Some("2"), Some("0")]
+            );
+            assert_eq!(
+                [var::MASTER_ADDR, var::MASTER_PORT, var::TORCHELASTIC_RESTART_COUNT, var::RESTART_COUNT]
+                    .map(get),
+                [Some("127.0.0.1"), Some("29533"), Some("1"), Some("1")]
+            );
+            // A drove rank among them reads drove's variables as if torchrun's were not there.
+            let read = LaunchEnv::from_lookup(|n| vars.get(n).cloned()).unwrap();
+            let drove_only =
+                LaunchEnv::from_lookup(|n| vars.get(n).filter(|_| !var::TORCHRUN.contains(&n)).cloned())
+                    .unwrap();
+            assert_eq!(read, drove_only);
+            assert_eq!(
+                (read.launcher, read.coordinator_source),
+                (Some(Launcher::Drove), Some(CoordinatorSource::Given))
+            );
+            assert_eq!(
+                (read.rank().map(|r| r.get()), read.coordinator.as_deref()),
+                (Some(rank), Some("127.0.0.1:7000"))
+            );
+        }
+        // The spec's own variables win over the launcher's.
+        spec.env.push((var::MASTER_ADDR.to_string(), "10.1.2.3".to_string()));
+        assert_eq!(child_env(&spec, Some(&world), 0).0[var::MASTER_ADDR], "10.1.2.3");
+    }
+
+    #[test]
+    fn an_elastic_launch_s_child_gets_and_inherits_none_of_torchrun_s_variables() {
+        let mut spec = LaunchSpec::new(2, "python", ["train.py"]);
+        spec.elastic = Some(ElasticLaunch { min: 1, max: 3 });
+        let (vars, unset) = child_env(&spec, None, 1);
+        assert_eq!(unset, var::TORCHRUN.as_slice());
+        assert!(vars.keys().all(|k| !var::TORCHRUN.contains(&k.as_str())), "{vars:?}");
+        assert_eq!((vars[var::RANK].as_str(), vars[var::ELASTIC].as_str()), ("1", "1:3"));
     }
 }

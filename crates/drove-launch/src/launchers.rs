@@ -6,7 +6,8 @@
 //! The rules, in order:
 //!
 //! 1. drove's variables win: with `DROVE_WORLD_SIZE` set, nothing else is read
-//!    for the place.
+//!    for the place (`drove run` gives its ranks torchrun's variables beside
+//!    drove's, for PyTorch programs: they are not read, not even checked).
 //! 2. The launchers that start processes (torchrun, `mpirun`, `mpiexec`)
 //!    describe this process; when several set their variables they must agree
 //!    (rank, world size, and local rank where both give one), else one error
@@ -26,6 +27,7 @@ use std::fmt;
 use drove_comm::Place;
 
 use crate::error::EnvError;
+use crate::var;
 
 /// A launcher drove reads the place of a process from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,10 +83,15 @@ impl Launcher {
         let v = |rank, size, local_rank, local_size| Vars { rank, size, local_rank, local_size };
         match self {
             Launcher::Drove => {
-                v("DROVE_RANK", "DROVE_WORLD_SIZE", Some("DROVE_LOCAL_RANK"), Some("DROVE_LOCAL_WORLD_SIZE"))
+                v(var::RANK, var::WORLD_SIZE, Some(var::LOCAL_RANK), Some(var::LOCAL_WORLD_SIZE))
             }
-            Launcher::IndexedJob => v("JOB_COMPLETION_INDEX", "DROVE_WORLD_SIZE", None, None),
-            Launcher::Torchrun => v("RANK", "WORLD_SIZE", Some("LOCAL_RANK"), Some("LOCAL_WORLD_SIZE")),
+            Launcher::IndexedJob => v(var::JOB_COMPLETION_INDEX, var::WORLD_SIZE, None, None),
+            Launcher::Torchrun => v(
+                var::TORCH_RANK,
+                var::TORCH_WORLD_SIZE,
+                Some(var::TORCH_LOCAL_RANK),
+                Some(var::TORCH_LOCAL_WORLD_SIZE),
+            ),
             Launcher::OpenMpi => v(
                 "OMPI_COMM_WORLD_RANK",
                 "OMPI_COMM_WORLD_SIZE",

@@ -10,6 +10,14 @@
 //!   `DROVE_WORLD_SIZE`, `DROVE_LOCAL_WORLD_SIZE`, `DROVE_RUN_ID`,
 //!   `DROVE_COORDINATOR`, `DROVE_RESTART_COUNT`, and with a token
 //!   `DROVE_TOKEN`; stdin is `/dev/null`.
+//! - In a fixed world each rank also gets torchrun's variables, so PyTorch's
+//!   `init_process_group` (`env://`) works unchanged: `RANK`, `WORLD_SIZE`,
+//!   `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `GROUP_RANK=0`,
+//!   `MASTER_ADDR=127.0.0.1`, `MASTER_PORT` (a free port picked for each
+//!   start of the world) and `TORCHELASTIC_RESTART_COUNT`. A drove rank
+//!   among them reads drove's, which win (see [`LaunchEnv`]), and leaves
+//!   `MASTER_PORT` to PyTorch. An elastic launch's ranks get none of
+//!   torchrun's (their ranks change with each world) and inherit none.
 //! - Every line a rank writes goes whole to a [`Console`], which prefixes it
 //!   `[R] ` ([`PlainConsole`]) or draws rank 0's [`Progress`] as a bar.
 //! - Each rank leads its own process group (a terminal's Ctrl-C reaches the
@@ -49,6 +57,7 @@
 
 #![deny(missing_docs)]
 
+mod child;
 mod console;
 mod coordinator;
 mod env;

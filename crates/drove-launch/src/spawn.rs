@@ -9,6 +9,7 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, mpsc};
 
+use crate::child::rank_vars;
 use crate::console::{Console, Stream};
 use crate::error::LaunchError;
 use crate::relay::{THREAD_STACK, relay};
@@ -28,10 +29,30 @@ pub(crate) enum Event {
 pub(crate) struct RankCommand<'a> {
     pub program: &'a OsString,
     pub args: &'a [OsString],
+    /// The attempt's variables, the same for every rank.
     pub env: &'a [(String, String)],
     /// An elastic launch's member ids are this prefix and the slot
     /// (`DROVE_MEMBER_ID`), the same for a slot's restarted process.
     pub member_prefix: Option<&'a str>,
+    /// A fixed world: each rank also gets torchrun's `RANK` and
+    /// `LOCAL_RANK` (the attempt's `env` holds the rest of torchrun's);
+    /// otherwise none of torchrun's variables is inherited (see `child.rs`).
+    pub torch: bool,
+}
+
+impl RankCommand<'_> {
+    /// The inherited variables a rank's process must not keep: torchrun's,
+    /// in an elastic launch.
+    pub(crate) fn unset(&self) -> &'static [&'static str] {
+        if self.torch { &[] } else { &var::TORCHRUN }
+    }
+
+    /// Every variable rank `rank`'s process is given over what it inherits,
+    /// a later one winning: the attempt's, then its own.
+    pub(crate) fn vars(&self, rank: usize) -> Vec<(String, String)> {
+        let own = rank_vars(rank, self.torch, self.member_prefix);
+        self.env.iter().cloned().chain(own.into_iter().map(|(k, v)| (k.to_string(), v))).collect()
+    }
 }
 
 /// The ranks started so far, by process id (a restarted slot's replaces its
@@ -77,11 +98,11 @@ pub(crate) fn spawn_world(
 
 fn spawn_rank(rank: usize, command: &RankCommand<'_>) -> Result<Child, LaunchError> {
     let mut cmd = Command::new(command.program);
+    for name in command.unset() {
+        cmd.env_remove(name);
+    }
     cmd.args(command.args)
-        .envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env(var::RANK, rank.to_string())
-        .env(var::LOCAL_RANK, rank.to_string())
-        .envs(command.member_prefix.map(|p| (var::MEMBER_ID, format!("{p}slot-{rank}"))))
+        .envs(command.vars(rank))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -66,10 +66,42 @@ pub const COMM_TRANSPORT: &str = "DROVE_COMM_TRANSPORT";
 /// (default: the kernel's boot id and the network namespace).
 pub const HOST_ID: &str = "DROVE_HOST_ID";
 /// torchrun's and PyTorchJob's meeting host: rank 0 serves the
-/// coordinator at `MASTER_ADDR:MASTER_PORT`.
+/// coordinator at `MASTER_ADDR:MASTER_PORT` when drove's own variables are
+/// not set. `drove run` sets it (`127.0.0.1`) for PyTorch's `env://`
+/// rendezvous in a fixed world.
 pub const MASTER_ADDR: &str = "MASTER_ADDR";
-/// torchrun's and PyTorchJob's meeting port.
+/// torchrun's and PyTorchJob's meeting port. `drove run` sets it to a free
+/// port picked for each start of a fixed world, which PyTorch's store binds
+/// (drove's ranks, reading `DROVE_COORDINATOR`, never do).
 pub const MASTER_PORT: &str = "MASTER_PORT";
+/// torchrun's rank (`DROVE_RANK`'s value when `drove run` sets it); read as
+/// torchrun's place only when `DROVE_WORLD_SIZE` is not set.
+pub const TORCH_RANK: &str = "RANK";
+/// torchrun's world size (`DROVE_WORLD_SIZE`'s value when `drove run` sets it).
+pub const TORCH_WORLD_SIZE: &str = "WORLD_SIZE";
+/// torchrun's local rank (`DROVE_LOCAL_RANK`'s value when `drove run` sets it).
+pub const TORCH_LOCAL_RANK: &str = "LOCAL_RANK";
+/// torchrun's ranks on this host (`DROVE_LOCAL_WORLD_SIZE`'s value when
+/// `drove run` sets it).
+pub const TORCH_LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+/// torchrun's node rank (`0`: `drove run` starts its ranks on one host).
+pub const GROUP_RANK: &str = "GROUP_RANK";
+/// torchrun's restart count (`DROVE_RESTART_COUNT`'s value when `drove run`
+/// sets it).
+pub const TORCHELASTIC_RESTART_COUNT: &str = "TORCHELASTIC_RESTART_COUNT";
+/// Every torchrun variable `drove run` gives the ranks of a fixed world,
+/// and removes from those of an elastic launch (where no rank set at the
+/// start stays right).
+pub const TORCHRUN: [&str; 8] = [
+    TORCH_RANK,
+    TORCH_WORLD_SIZE,
+    TORCH_LOCAL_RANK,
+    TORCH_LOCAL_WORLD_SIZE,
+    GROUP_RANK,
+    MASTER_ADDR,
+    MASTER_PORT,
+    TORCHELASTIC_RESTART_COUNT,
+];
 /// The hosts of a Slurm job, e.g. `node[01-04,07]`.
 pub const SLURM_JOB_NODELIST: &str = "SLURM_JOB_NODELIST";
 /// A Slurm job's id (the run id of its ranks by default).

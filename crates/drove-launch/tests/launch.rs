@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use drove_comm::Element as _;
 use drove_launch::{Console, End, LaunchError, LaunchSpec, Progress, RestartPolicy, Stream, launch, var};
 
 /// A console that keeps what it is given.
@@ -120,4 +121,111 @@ fn a_program_that_cannot_start_and_a_bad_spec_are_named() {
     let mut spec = sh(1, "true");
     spec.run_id = String::new();
     assert!(launch(&spec, Arc::new(Recorder::default())).unwrap_err().to_string().contains("run id"));
+}
+
+/// `(rank, fields)` of each stdout line starting with `tag `.
+fn tagged(console: &Recorder, tag: &str) -> Vec<(usize, Vec<String>)> {
+    let prefix = format!("{tag} ");
+    let lines = console.lines_of(Stream::Stdout);
+    let tagged = lines.iter().filter_map(|(r, l)| Some((*r, l.strip_prefix(&prefix)?)));
+    tagged.map(|(r, l)| (r, l.split(' ').map(str::to_string).collect())).collect()
+}
+
+#[test]
+fn each_rank_is_told_torchrun_s_variables_and_each_start_of_the_world_a_fresh_master_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("printed");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path; mkfifo touches no memory of ours.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "{}", std::io::Error::last_os_error());
+    // Both ranks print, then in the first start rank 1 fails once rank 0
+    // has printed (it opens the FIFO that rank 0 writes to).
+    let script = format!(
+        "echo torch ${r} ${w} ${lr} ${lw} ${g} ${a} ${p} ${c} ${coord}; \
+         if [ \"${c}\" = 0 ]; then if [ \"${r}\" = 0 ]; then echo go > '{f}'; else read x < '{f}'; exit 3; fi; fi",
+        r = var::TORCH_RANK,
+        w = var::TORCH_WORLD_SIZE,
+        lr = var::TORCH_LOCAL_RANK,
+        lw = var::TORCH_LOCAL_WORLD_SIZE,
+        g = var::GROUP_RANK,
+        a = var::MASTER_ADDR,
+        p = var::MASTER_PORT,
+        c = var::TORCHELASTIC_RESTART_COUNT,
+        coord = var::COORDINATOR,
+        f = fifo.display(),
+    );
+    let mut spec = sh(2, &script);
+    spec.restart = RestartPolicy { max_restarts: 1 };
+    let console = Arc::new(Recorder::default());
+    let outcome = launch(&spec, console.clone()).unwrap();
+    assert_eq!((outcome.end, outcome.restarts), (End::Succeeded, 1));
+    let seen = tagged(&console, "torch");
+    assert_eq!(seen.len(), 4, "each rank printed in each start: {seen:?}");
+    let mut ports = Vec::new();
+    for start in ["0", "1"] {
+        let of_start: Vec<_> = seen.iter().filter(|(_, f)| f[7] == start).collect();
+        let port: Vec<u16> = of_start.iter().map(|(_, f)| f[6].parse().unwrap()).collect();
+        assert!(port[0] > 0 && port[0] == port[1], "start {start}: one port for the world: {of_start:?}");
+        for (rank, f) in &of_start {
+            let r = rank.to_string();
+            assert_eq!(f[..6], [&r, "2", &r, "2", "0", "127.0.0.1"], "start {start}, rank {rank}");
+            let coordinator_port = f[8].rsplit_once(':').unwrap().1;
+            assert_ne!(coordinator_port, f[6], "MASTER_PORT is not drove's coordinator's");
+        }
+        ports.push(port[0]);
+    }
+    assert_ne!(ports[0], ports[1], "a restart meets at a fresh port");
+}
+
+/// Set for the ranks of the test below.
+const CHILD: &str = "DROVE_LAUNCH_TEST_CHILD";
+
+/// Not a test of its own: the rank program of the test below, which
+/// launches this test binary with only this test selected. Like a PyTorch
+/// program, rank 0 binds `MASTER_PORT` (as gloo's store does) and holds it
+/// while it joins the other ranks through drove.
+#[test]
+fn a_drove_rank_beside_a_pytorch_store() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let env = drove_launch::LaunchEnv::from_env().unwrap();
+    let master_port: u16 = std::env::var(var::MASTER_PORT).unwrap().parse().unwrap();
+    let store = (env.rank().map(|r| r.get()) == Some(0))
+        .then(|| std::net::TcpListener::bind(("0.0.0.0", master_port)).expect("MASTER_PORT is free"));
+    let (launcher, source) = (env.launcher.map(|l| l.as_str()), env.coordinator_source.map(|s| s.as_str()));
+    let world = drove_launch::Launched::from_launch_env(env).unwrap();
+    let mut sum = [world.rank() as i64];
+    world
+        .comm()
+        .all_reduce("ranks", &[1], i64::tensor_mut(&mut sum), drove_comm::ReduceOptions::sum())
+        .unwrap();
+    println!(
+        "drove rank={} of={} sum={} launcher={launcher:?} coordinator={source:?} store={}",
+        world.rank(),
+        world.world_size(),
+        sum[0],
+        store.is_some()
+    );
+    world.finish(drove_launch::RankOutcome::Finished { steps: 1 });
+}
+
+#[test]
+fn a_drove_rank_reads_drove_s_variables_and_leaves_master_port_to_pytorch() {
+    let exe = std::env::current_exe().unwrap();
+    let mut spec = LaunchSpec::new(2, exe, ["--exact", "a_drove_rank_beside_a_pytorch_store", "--nocapture"]);
+    spec.stop_grace = Duration::from_secs(5);
+    spec.env.push((CHILD.to_string(), "1".to_string()));
+    let console = Arc::new(Recorder::default());
+    let outcome = launch(&spec, console.clone()).unwrap();
+    let seen = tagged(&console, "drove");
+    assert_eq!(outcome.end, End::Succeeded, "{:?}", console.lines.lock().unwrap());
+    let expected = |rank: usize| {
+        let fields = format!(
+            "rank={rank} of=2 sum=1 launcher=Some(\"drove\") coordinator=Some(\"given\") store={}",
+            rank == 0
+        );
+        (rank, fields.split(' ').map(str::to_string).collect::<Vec<_>>())
+    };
+    assert_eq!(seen, vec![expected(0), expected(1)]);
 }
