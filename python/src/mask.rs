@@ -14,7 +14,11 @@ use pyo3::prelude::*;
 /// and padding (not `maskable`) never chosen; with `whole_word`, every subword
 /// shares its word's first subword's choice.
 #[pyclass(module = "drove", frozen)]
-pub(crate) struct Masker(Inner);
+pub(crate) struct Masker {
+    inner: Inner,
+    mask_token: u32,
+    vocab_size: u32,
+}
 
 /// What one call masks: the rows as the Rust masker takes them.
 struct Rows {
@@ -27,7 +31,7 @@ struct Rows {
 }
 
 /// `what`'s dtype and number of dimensions, in words, for an error.
-fn described(array: &Bound<'_, PyAny>) -> String {
+pub(crate) fn described(array: &Bound<'_, PyAny>) -> String {
     let dtype = array.getattr("dtype").map(|d| d.to_string()).unwrap_or_else(|_| "no dtype".into());
     let ndim = array.getattr("ndim").map(|d| d.to_string()).unwrap_or_else(|_| "?".into());
     format!(
@@ -115,7 +119,7 @@ impl Masker {
     ) -> PyResult<Self> {
         let config = MaskConfig { probability, mask_fraction, random_fraction, keep_fraction, whole_word };
         Inner::new(config, mask_token, vocab_size)
-            .map(Masker)
+            .map(|inner| Masker { inner, mask_token, vocab_size })
             .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
@@ -154,13 +158,40 @@ impl Masker {
     /// The probability a maskable position is chosen.
     #[getter]
     fn probability(&self) -> f64 {
-        self.0.config().probability
+        self.inner.config().probability
     }
 
     /// Whether whole words are chosen together.
     #[getter]
     fn whole_word(&self) -> bool {
-        self.0.config().whole_word
+        self.inner.config().whole_word
+    }
+
+    /// The token a chosen position becomes 80% of the time.
+    #[getter]
+    fn mask_token(&self) -> u32 {
+        self.mask_token
+    }
+
+    /// Random replacements are drawn from `0..vocab_size`.
+    #[getter]
+    fn vocab_size(&self) -> u32 {
+        self.vocab_size
+    }
+
+    /// Pickling (a `DataLoader`'s spawned workers get the dataset, and the
+    /// masker in it, by pickle): the constructor's keyword arguments.
+    fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<((), Bound<'py, pyo3::types::PyDict>)> {
+        let c = self.inner.config();
+        let kw = pyo3::types::PyDict::new(py);
+        kw.set_item("mask_token", self.mask_token)?;
+        kw.set_item("vocab_size", self.vocab_size)?;
+        kw.set_item("probability", c.probability)?;
+        kw.set_item("mask_fraction", c.mask_fraction)?;
+        kw.set_item("random_fraction", c.random_fraction)?;
+        kw.set_item("keep_fraction", c.keep_fraction)?;
+        kw.set_item("whole_word", c.whole_word)?;
+        Ok(((), kw))
     }
 }
 
@@ -171,7 +202,7 @@ impl Masker {
         for r in 0..input.rows {
             let row = r * input.cols..(r + 1) * input.cols;
             let continues = input.continues.as_ref().map(|c| &c[row.clone()]);
-            self.0.mask_row(
+            self.inner.mask_row(
                 &mut input.ids[row.clone()],
                 &input.maskable[row.clone()],
                 continues,

@@ -15,6 +15,12 @@ use pyo3::prelude::*;
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(crate) struct StreamKey(Key);
 
+impl From<Key> for StreamKey {
+    fn from(key: Key) -> Self {
+        StreamKey(key)
+    }
+}
+
 fn u32_arg(name: &str, value: u64) -> PyResult<u32> {
     u32::try_from(value)
         .map_err(|_| PyValueError::new_err(format!("{name} must be below 2**32, got {value}")))
@@ -207,9 +213,13 @@ fn raw(seed: DerivedSeed, n: usize) -> Vec<u64> {
 #[pyfunction]
 #[pyo3(signature = (derived_seed, n = 4))]
 pub(crate) fn replay_outputs(derived_seed: &Bound<'_, PyAny>, n: usize) -> PyResult<Vec<u64>> {
+    Ok(raw(logged_seed(derived_seed)?, n))
+}
+
+/// A logged derived seed (a str of 64 hex digits), or an error naming `derived_seed`.
+pub(crate) fn logged_seed(derived_seed: &Bound<'_, PyAny>) -> PyResult<DerivedSeed> {
     let text: String = derived_seed
         .extract()
         .map_err(|_| PyTypeError::new_err("derived_seed must be a str of 64 hex digits"))?;
-    let seed: DerivedSeed = text.parse().map_err(|e| PyValueError::new_err(format!("derived_seed: {e}")))?;
-    Ok(raw(seed, n))
+    text.parse().map_err(|e| PyValueError::new_err(format!("derived_seed: {e}")))
 }

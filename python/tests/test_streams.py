@@ -4,6 +4,7 @@ generators that draw them, replay from a logged seed, and clear errors."""
 
 import json
 import os
+import shutil
 import subprocess
 import unittest
 
@@ -13,6 +14,7 @@ import drove
 from drove import StreamKey
 
 DROVE = os.environ.get("DROVE_BIN", "drove")
+HAVE_DROVE = shutil.which(DROVE) is not None
 
 KEYS = [
     ("augment", dict(seed=42, rank=1, worker=2, epoch=3)),
@@ -92,3 +94,28 @@ class BadInput(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PerSample(unittest.TestCase):
+    @unittest.skipUnless(HAVE_DROVE, "DROVE_BIN names no drove binary")
+    def test_a_sample_s_stream_is_drove_seed_s(self):
+        for purpose, seed, epoch, sample in (("augment", 42, 3, 7), ("shuffle", 9, 0, 0), ("dropout", 1, 2, 12345)):
+            with self.subTest(purpose=purpose, sample=sample):
+                streams = drove.SampleStreams(seed=seed, purpose=purpose, epoch=epoch)
+                out = subprocess.run([DROVE, "seed", "--json", "--purpose", purpose, "--seed", str(seed),
+                                      "--epoch", str(epoch), "--sample", str(sample)],
+                                     check=True, capture_output=True, text=True).stdout
+                rust = json.loads(out)
+                self.assertEqual(streams.derived_seed(), rust["derived_seed"])
+                self.assertEqual([hex(v) for v in streams.outputs(sample, 4)],
+                                 [hex(int(v, 16)) for v in rust["outputs"]])
+
+    def test_samples_differ_and_a_logged_family_replays(self):
+        streams = drove.SampleStreams(seed=42, epoch=1)
+        self.assertNotEqual(streams.outputs(1), streams.outputs(2))
+        self.assertEqual(drove.replay_sample_outputs(streams.derived_seed(), 2, 6), streams.outputs(2, 6))
+        self.assertIn("per-sample", repr(streams))
+        with self.assertRaisesRegex(ValueError, "purpose: unknown purpose \"naive\""):
+            drove.SampleStreams(seed=1, purpose="naive")
+        with self.assertRaisesRegex(ValueError, "derived_seed"):
+            drove.replay_sample_outputs("xyz", 1)

@@ -2,10 +2,11 @@
 //! match bit for bit (the Python package's tests read it): for a few
 //! configurations, rows of token ids with special tokens and padding, each
 //! masked from its own per-sample stream `(seed, Purpose::Augment, epoch,
-//! sample)`.
+//! sample)`; and the orders drove-collate's distributed sampler gives a few
+//! worlds, for the Python package's `DistributedSampler` to match.
 //!
 //! `cargo run -p drove-collate --example mask_fixture > masks.json`
-use drove_collate::{MaskAction, MaskConfig, Masker};
+use drove_collate::{DistributedSampler, MaskAction, MaskConfig, Masker, Remainder};
 use drove_seed::{Purpose, SampleStreams};
 
 /// One row: `[CLS] tokens [SEP] [PAD]...`, its maskable positions and, for
@@ -72,8 +73,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "{{\"seed\":{seed},\"epoch\":{epoch},\"vocab_size\":{vocab},\"mask_token\":{mask_token},\
-         \"samples\":{samples:?},\"cases\":[{}]}}",
-        cases.join(",")
+         \"samples\":{samples:?},\"cases\":[{}],\"samplers\":[{}]}}",
+        cases.join(","),
+        samplers()?.join(",")
     );
     Ok(())
+}
+
+/// Every rank's indices for a few (length, world, seed, epoch, shuffle,
+/// remainder) settings.
+fn samplers() -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    for (len, world, seed, epoch, shuffle, drop_last) in
+        [(10usize, 3usize, 42u64, 0u64, true, false), (10, 3, 42, 1, true, true), (17, 4, 7, 5, false, false)]
+    {
+        for rank in 0..world {
+            let mut sampler = DistributedSampler::new(len, world, rank, seed)?
+                .shuffle(shuffle)
+                .remainder(if drop_last { Remainder::Drop } else { Remainder::Pad });
+            sampler.set_epoch(epoch);
+            out.push(format!(
+                "{{\"len\":{len},\"world_size\":{world},\"rank\":{rank},\"seed\":{seed},\"epoch\":{epoch},\
+                 \"shuffle\":{shuffle},\"drop_last\":{drop_last},\"indices\":{:?}}}",
+                sampler.indices()
+            ));
+        }
+    }
+    Ok(out)
 }
