@@ -84,6 +84,12 @@ pub trait Trainer {
     fn memory_used_bytes(&self) -> Option<u64> {
         None
     }
+
+    /// The adapter that trains, where there is one to name (wgpu: its name,
+    /// kind, graphics API and driver).
+    fn adapter(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The CPU: burn's `flex` backend.
@@ -112,7 +118,14 @@ impl Trainer for drove_ner::Gpu {
     }
 
     fn memory_used_bytes(&self) -> Option<u64> {
-        drove_ner::Gpu::memory_used_bytes(self).map_err(|e| tracing::warn!("GPU memory in use: {e}")).ok()
+        drove_ner::Gpu::memory_used_bytes(self)
+            .map_err(|e| tracing::warn!("GPU memory in use: {e}"))
+            .ok()
+            .flatten()
+    }
+
+    fn adapter(&self) -> Option<String> {
+        Some(self.describe())
     }
 }
 
@@ -120,14 +133,19 @@ impl Trainer for drove_ner::Gpu {
 /// fields are in the order of their names: the JSON's keys always were.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TrainReport {
+    /// The device that trained, named (a GPU's adapter, driver and API).
+    pub adapter: Option<String>,
     /// Sentences per batch.
     pub batch_size: usize,
     /// `train`.
     pub benchmark: &'static str,
     /// The bucketing window.
     pub bucket_window: usize,
-    /// `cpu` or `cuda:N`.
+    /// `cpu`, `cuda:N` or `wgpu:N`.
     pub device: String,
+    /// Seconds of the first step (its phases): on a GPU, mostly compiling
+    /// the kernels (wgpu's shaders), which no later step pays again.
+    pub first_step_seconds: f64,
     /// GPU memory in use at the end (all processes), on a GPU.
     pub gpu_memory_used_bytes: Option<u64>,
     /// The median of the timed steps' sentences per second.
@@ -148,6 +166,8 @@ pub struct TrainReport {
     pub random_init: bool,
     /// Sentences per second over the timed steps (total work over total time).
     pub sentences_per_s: f64,
+    /// Mean seconds of a timed step (the sum of its phases).
+    pub step_mean_seconds: f64,
     /// Steps timed.
     pub steps_timed: usize,
     /// rayon's threads (`RAYON_NUM_THREADS`, else the CPUs).
@@ -179,6 +199,11 @@ impl Observer for Timer {
         self.steps.push((r.sentences_per_s, r.tokens_per_s));
         self.phases.push(r.phases);
     }
+}
+
+/// Seconds of one step: the sum of its phases.
+fn step_seconds(p: &PhaseTimes) -> f64 {
+    (p.compute + p.all_reduce + p.clip + p.update).as_secs_f64()
 }
 
 /// Mean seconds per step of each phase over `phases`.
@@ -230,20 +255,25 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
     let timed = &timer.steps[skip..];
     // Harmonic means: total work over total time.
     let mean = |f: fn(&(f64, f64)) -> f64| timed.len() as f64 / timed.iter().map(|s| 1.0 / f(s)).sum::<f64>();
+    let timed_phases = &timer.phases[skip.min(timer.phases.len())..];
     Ok(TrainReport {
+        adapter: trainer.adapter(),
         batch_size: o.batch_size,
         benchmark: "train",
         bucket_window: o.bucket_window,
         device: device.to_string(),
+        first_step_seconds: timer.phases.first().map_or(0.0, step_seconds),
         gpu_memory_used_bytes: trainer.memory_used_bytes(),
         median_sentences_per_s: median(timed.iter().map(|s| s.0).collect()).unwrap_or(0.0),
         micro_batches: drove_train::micro::MicroBatches::resolve(micro, o.batch_size),
         model: o.model.display().to_string(),
         peak_rss_bytes: peak_rss_bytes(),
-        phase_mean_seconds: phase_means(&timer.phases[skip.min(timer.phases.len())..]),
+        phase_mean_seconds: phase_means(timed_phases),
         placement: placement.to_string(),
         random_init: o.random_init,
         sentences_per_s: mean(|s| s.0),
+        step_mean_seconds: timed_phases.iter().map(step_seconds).sum::<f64>()
+            / timed_phases.len().max(1) as f64,
         steps_timed: timed.len(),
         threads: std::env::var("RAYON_NUM_THREADS")
             .ok()
@@ -261,10 +291,12 @@ mod tests {
     #[test]
     fn the_report_s_keys_are_in_the_order_of_their_names() {
         let report = TrainReport {
+            adapter: None,
             batch_size: 1,
             benchmark: "train",
             bucket_window: 0,
             device: "cpu".into(),
+            first_step_seconds: 1.0,
             gpu_memory_used_bytes: None,
             median_sentences_per_s: 1.0,
             micro_batches: 1,
@@ -274,6 +306,7 @@ mod tests {
             placement: "host".into(),
             random_init: true,
             sentences_per_s: 1.0,
+            step_mean_seconds: 1.0,
             steps_timed: 1,
             threads: 1,
             tokens_per_s: 1.0,

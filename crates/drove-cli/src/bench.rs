@@ -49,7 +49,7 @@ pub struct CoordinatorArgs {
 pub struct TrainArgs {
     #[command(flatten)]
     options: TrainOptions,
-    /// The device: cpu, cuda or cuda:N (see `drove train ner --device`).
+    /// The device: cpu, cuda, cuda:N, wgpu, wgpu:N or help (see `drove train ner --device`).
     #[arg(long, default_value = "cpu")]
     device: DeviceChoice,
     /// Print one JSON object.
@@ -115,7 +115,15 @@ pub fn coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
 
 /// `drove bench train`, on the CPU or on the GPU `--device` names.
 pub fn train(args: &TrainArgs) -> anyhow::Result<()> {
+    if args.device == DeviceChoice::List {
+        print!("{}", drove_ner::gpu::list_devices());
+        return Ok(());
+    }
     let gpu = Gpu::open(args.device, drove_launch::LaunchEnv::from_env()?.local_rank)?;
+    if let Some(gpu) = &gpu {
+        // Named at start, on stderr (the JSON stays alone on stdout).
+        eprintln!("training on {}", gpu.describe());
+    }
     let trainer: &dyn Trainer = match &gpu {
         Some(gpu) => gpu,
         None => &Cpu,

@@ -41,8 +41,10 @@ pub struct NerArgs {
     #[arg(long)]
     placement: Option<Placement>,
     /// The device: cpu, cuda (under `drove run`, the GPU of the rank's local
-    /// rank, unless CUDA_VISIBLE_DEVICES shows one) or cuda:N. The GPU needs a
-    /// drove built with `--features cuda,nccl`.
+    /// rank, unless CUDA_VISIBLE_DEVICES shows one), cuda:N, wgpu (any GPU
+    /// with Vulkan, Metal or DX12; the adapter of the rank's local rank),
+    /// wgpu:N, or help (list the devices and adapters found, and stop). CUDA
+    /// needs a drove built with `--features cuda,nccl`, wgpu with `--features wgpu`.
     #[arg(long, default_value = "cpu")]
     device: DeviceChoice,
     /// Show progress every N steps when not on a terminal.
@@ -70,6 +72,10 @@ pub struct NerArgs {
     /// How long --stall-at-step stops its rank.
     #[arg(long, value_name = "SECS", default_value_t = 10.0, hide = true, requires = "stall_at_step")]
     stall_secs: f64,
+    /// Destroy the wgpu device right after step N, as a driver reset would (a
+    /// test that a device lost mid-run is an error naming it, not a panic).
+    #[arg(long, value_name = "N", hide = true)]
+    lose_device_at_step: Option<u64>,
     /// An elastic run of MIN to MAX ranks (torchrun's --nnodes MIN:MAX; N
     /// for N:N): a lost rank ends its world, not the run; the others keep
     /// their state in memory and go on in the next world, which ranks
@@ -111,6 +117,15 @@ struct Reporter {
     fail_at: Option<(u64, usize)>,
     /// (step, rank, how long): once.
     stall_at: Option<(u64, usize, Duration)>,
+    /// --lose-device-at-step.
+    lose_device_at: Option<LoseDevice>,
+}
+
+/// The device to destroy after a step (--lose-device-at-step), as a driver
+/// reset would: the test of the device-lost path.
+struct LoseDevice {
+    step: u64,
+    destroy: Box<dyn Fn()>,
 }
 
 impl Reporter {
@@ -151,6 +166,15 @@ impl Observer for Reporter {
                 "rank {rank}: stopping for {secs:.1?} after step {step}, heartbeats going on (--stall-at-step)"
             );
             std::thread::sleep(secs);
+        }
+        if let Some(lose) = &self.lose_device_at
+            && lose.step == r.step
+        {
+            eprintln!(
+                "rank {}: destroying the device after step {} (--lose-device-at-step)",
+                self.progress.rank, lose.step
+            );
+            (lose.destroy)();
         }
         if let Some(m) = &mut self.metrics {
             m.step(r);
@@ -198,6 +222,17 @@ impl Observer for Reporter {
     }
 }
 
+/// What --lose-device-at-step destroys: the wgpu device `gpu` holds.
+fn lose_device_at(step: Option<u64>, gpu: Option<&Gpu>) -> anyhow::Result<Option<LoseDevice>> {
+    let Some(step) = step else { return Ok(None) };
+    #[cfg(feature = "wgpu")]
+    if let Some(adapter) = gpu.and_then(Gpu::adapter).cloned() {
+        return Ok(Some(LoseDevice { step, destroy: Box::new(move || adapter.destroy()) }));
+    }
+    let _ = (step, gpu);
+    Err(anyhow!("--lose-device-at-step needs --device wgpu"))
+}
+
 /// Trains on `ranks`, on `gpu` if one was opened.
 fn train(
     ranks: &Ranks,
@@ -210,9 +245,10 @@ fn train(
             train_ner::<Backend>(opts, comm.as_ref(), reporter, &Default::default())
         }
         (Ranks::Fixed(comm), Some(gpu)) => gpu.train_ner(opts, comm.as_ref(), reporter),
-        (Ranks::Elastic(comm), _) => {
+        (Ranks::Elastic(comm), None) => {
             train_ner_elastic::<Backend>(opts, comm.as_ref(), reporter, &Default::default())
         }
+        (Ranks::Elastic(comm), Some(gpu)) => gpu.train_ner_elastic(opts, comm.as_ref(), reporter),
     }
 }
 
@@ -388,6 +424,10 @@ fn record_options(reporter: &Reporter, opts: &NerOptions, world_size: usize, res
 }
 
 pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
+    if args.device == DeviceChoice::List {
+        print!("{}", drove_ner::gpu::list_devices());
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut opts = args.options();
     let launch = LaunchEnv::from_env_elastic(args.world)?;
     if opts.timeline.is_none() {
@@ -400,12 +440,13 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     }
     // Before joining the other ranks: a missing GPU fails at once.
     let gpu = Gpu::open(args.device, launch.local_rank)?;
-    if launch.elastic.is_some() && gpu.is_some() {
-        return Err(anyhow!("an elastic run (--world) trains on the CPU only for now: drop --device"));
-    }
     // Rank 0 serves the coordinator where the launcher names a place for it.
     let mut launched = Launched::from_launch_env(launch)?;
     let rank = launched.rank();
+    if let Some(gpu) = &gpu {
+        // Which GPU trains, named by every rank (the launcher prefixes its slot).
+        eprintln!("rank {rank}: training on {}", gpu.describe());
+    }
     // The diversity alarm is on by default wherever it can go off.
     if args.diagnose_every.is_none() && opts.augment_mask > 0.0 && launched.world_size() > 1 {
         opts.diagnose_every = DEFAULT_DIAGNOSE_EVERY;
@@ -424,6 +465,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         stall_at: args.stall_at_step.filter(|_| restart == 0).map(|s| {
             (s, args.rank_to_stall, Duration::try_from_secs_f64(args.stall_secs).unwrap_or_default())
         }),
+        lose_device_at: lose_device_at(args.lose_device_at_step, gpu.as_ref())?,
     };
     if rank == 0 {
         record_options(&reporter, &opts, launched.world_size(), restart);

@@ -84,6 +84,15 @@ fn without_the_features_each_gpu_command_says_how_to_build_it() {
 }
 
 #[test]
+#[cfg(not(feature = "wgpu"))]
+fn without_the_wgpu_feature_wgpu_says_how_to_build_it() {
+    for args in [&["train", "ner", "--device", "wgpu"][..], &["bench", "train", "--device", "wgpu:0"]] {
+        let out = drove(args, None, None);
+        assert_clear_error(&out, &["--device wgpu", "built without GPU support", "--features wgpu"]);
+    }
+}
+
+#[test]
 #[cfg(feature = "cuda")]
 fn without_libcuda_training_on_cuda_names_the_driver_library() {
     if has_libcuda() {

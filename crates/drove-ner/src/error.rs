@@ -47,12 +47,13 @@ pub enum NerError {
     #[error(transparent)]
     Train(#[from] drove_train::TrainError),
     /// The device could not be opened (or asked) for training.
-    #[error("--device {device}: {source}")]
+    #[error("--device {device}: {reason}")]
     Device {
         /// The device asked for.
         device: drove_train::gpu::DeviceChoice,
-        /// What failed.
-        source: drove_train::TrainError,
+        /// What failed (in this error's message, so not a `source` that an
+        /// error chain would print a second time).
+        reason: drove_train::TrainError,
     },
     /// The diversity alarm with `--on-identical-masks fail`: every rank
     /// stopped at a diagnosed step whose masks were identical across ranks.

@@ -42,6 +42,10 @@
 //!   [`Gpu::open`] says how to build a drove that has it.
 //! - `nccl` (with `cuda`): on more than one rank, [`Gpu::train_ner`]'s
 //!   gradient buckets are all-reduced by NCCL on the GPU, in place.
+//! - `wgpu`: [`Gpu`] opens `--device wgpu[:N]` (any GPU burn's wgpu reaches
+//!   through Vulkan, Metal or DX12; Mesa's lavapipe without one) and trains
+//!   with the backend placement, gradient buckets staged through the host
+//!   and averaged by the [`Collective`], in fixed and elastic worlds alike.
 //!
 //! [`Collective`]: drove_collective::Collective
 #![deny(missing_docs)]

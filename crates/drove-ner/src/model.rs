@@ -1,5 +1,6 @@
 //! The token classifier: loaded from a HuggingFace folder, and its loss.
 
+use burn::backend::Flex;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
@@ -28,8 +29,7 @@ pub fn load_model<B: Backend>(
         config.hidden_dropout_prob = p;
         config.attention_probs_dropout_prob = p;
     }
-    B::seed(device, StreamKey::init(opts.seed).derive().words()[0]);
-    let mut model = config.init_token_classification::<B>(labels, device);
+    let mut model = initialised::<B>(&config, labels, opts.seed, device)?;
     if opts.random_init {
         let report = drove_bert::LoadReport { missing: Vec::new(), unexpected: Vec::new(), loaded: 0 };
         return Ok((model, report));
@@ -45,6 +45,22 @@ pub fn load_model<B: Backend>(
         other => other,
     })?;
     Ok((model, report))
+}
+
+/// A token classifier with its initial parameters drawn on the CPU (flex)
+/// from the seed's initialisation stream, then written onto `device`: the
+/// backends' random generators differ, so a run on a GPU starts from the very
+/// parameters a CPU run does, and a checkpoint resumes on either.
+fn initialised<B: Backend>(
+    config: &BertConfig,
+    labels: usize,
+    seed: u64,
+    device: &B::Device,
+) -> Result<BertForTokenClassification<B>, NerError> {
+    let cpu = Default::default();
+    Flex::seed(&cpu, StreamKey::init(seed).derive().words()[0]);
+    let drawn = drove_train::flat::FlatParams::read(&config.init_token_classification::<Flex>(labels, &cpu))?;
+    Ok(drawn.write(config.init_token_classification::<B>(labels, device), device))
 }
 
 /// The token cross-entropy, summed over labelled tokens and multiplied by

@@ -43,6 +43,13 @@ pub trait BucketAllReduce<B: Backend> {
         bucket: Tensor<B, 1>,
         op: ReduceOptions,
     ) -> Result<Tensor<B, 1>, TrainError>;
+
+    /// `Some` when this reducer is [`HostStaging`]: [`all_reduce_buckets`]
+    /// then reads the next bucket back from the device while the previous
+    /// one is all-reduced, instead of one bucket at a time.
+    fn host_staging(&self) -> Option<HostStaging> {
+        None
+    }
 }
 
 /// The default [`BucketAllReduce`]: the bucket goes to one host buffer, through
@@ -62,12 +69,39 @@ impl<B: Backend> BucketAllReduce<B> for HostStaging {
         op: ReduceOptions,
     ) -> Result<Tensor<B, 1>, TrainError> {
         let device = bucket.device();
-        let mut staged = crate::flat::to_f32(bucket.into_data(), 0)?;
+        let staged = read_back(name, bucket)?;
+        self.reduce_staged(comm, name, staged, op, &device)
+    }
+
+    fn host_staging(&self) -> Option<HostStaging> {
+        Some(*self)
+    }
+}
+
+impl HostStaging {
+    /// All-reduces a bucket already read back to the host and writes it to `device`.
+    fn reduce_staged<B: Backend>(
+        &self,
+        comm: &dyn Collective,
+        name: &str,
+        mut staged: Vec<f32>,
+        op: ReduceOptions,
+        device: &B::Device,
+    ) -> Result<Tensor<B, 1>, TrainError> {
         let n = staged.len();
         let fusion = FusionOptions { threshold_bytes: 0, compression: self.compression };
         all_reduce_fused(comm, name, &mut [staged.as_mut_slice()], op, fusion)?;
-        Ok(Tensor::from_data(TensorData::new(staged, [n]), &device))
+        Ok(Tensor::from_data(TensorData::new(staged, [n]), device))
     }
+}
+
+/// Copies `bucket` from the device to one host buffer; a device that failed
+/// (lost, out of memory) is an error naming the bucket, never a panic.
+fn read_back<B: Backend>(name: &str, bucket: Tensor<B, 1>) -> Result<Vec<f32>, TrainError> {
+    let data = bucket
+        .try_into_data()
+        .map_err(|e| TrainError::Gpu(format!("reading {name} back from the device: {e}")))?;
+    crate::flat::to_f32(data, 0)
 }
 
 /// Takes every float gradient of `model` out of `grads` as a flat 1-D tensor
@@ -111,15 +145,31 @@ pub fn all_reduce_buckets<B: Backend>(
     }
     let sizes: Vec<usize> = grads.iter().map(|g| g.dims()[0]).collect();
     let bytes: Vec<usize> = sizes.iter().map(|n| n * 4).collect();
-    for (b, bucket) in buckets(&bytes, fusion.threshold_bytes).into_iter().enumerate() {
-        let name = format!("gradients.bucket{b}");
-        let parts: Vec<Tensor<B, 1>> = bucket.iter().map(|&i| grads[i].clone()).collect();
-        let packed = if parts.len() == 1 {
-            parts.into_iter().next().expect("one part")
-        } else {
-            Tensor::cat(parts, 0)
-        };
-        let reduced = reducer.all_reduce(comm, &name, packed, ReduceOptions::average())?;
+    let plan = buckets(&bytes, fusion.threshold_bytes);
+    let packed: Vec<(String, Tensor<B, 1>)> = plan
+        .iter()
+        .enumerate()
+        .map(|(b, bucket)| {
+            let parts: Vec<Tensor<B, 1>> = bucket.iter().map(|&i| grads[i].clone()).collect();
+            let packed = if parts.len() == 1 {
+                parts.into_iter().next().expect("one part")
+            } else {
+                Tensor::cat(parts, 0)
+            };
+            (format!("gradients.bucket{b}"), packed)
+        })
+        .collect();
+    let reduced = match reducer.host_staging() {
+        Some(staging) if packed.len() > 1 => staged_overlapped(&staging, comm, packed)?,
+        _ => packed
+            .into_iter()
+            .map(|(name, bucket)| {
+                let reduced = reducer.all_reduce(comm, &name, bucket, ReduceOptions::average())?;
+                Ok((name, reduced))
+            })
+            .collect::<Result<_, TrainError>>()?,
+    };
+    for ((name, reduced), bucket) in reduced.into_iter().zip(&plan) {
         let lengths: Vec<usize> = bucket.iter().map(|&i| sizes[i]).collect();
         if reduced.dims()[0] != lengths.iter().sum::<usize>() {
             return Err(TrainError::Options(format!(
@@ -134,6 +184,49 @@ pub fn all_reduce_buckets<B: Backend>(
         }
     }
     Ok(())
+}
+
+/// Host staging of several buckets, pipelined: a reader thread copies bucket
+/// `b + 1` back from the device while this thread all-reduces bucket `b`
+/// through the collective (which is the network's time, not the device's),
+/// then writes it back. At most one bucket waits on the host ahead of the
+/// all-reduce. A failed read ends the reader; a failed all-reduce drops the
+/// channel, which ends it too.
+fn staged_overlapped<B: Backend>(
+    staging: &HostStaging,
+    comm: &dyn Collective,
+    packed: Vec<(String, Tensor<B, 1>)>,
+) -> Result<Vec<(String, Tensor<B, 1>)>, TrainError> {
+    let names: Vec<String> = packed.iter().map(|(name, _)| name.clone()).collect();
+    let device = packed[0].1.device();
+    // The reader is another thread, and a GPU backend's queue is per thread
+    // (cubecl's streams): the gradients are finished here before it reads
+    // them, or it could read a bucket the backward pass has not written yet.
+    B::sync(&device)
+        .map_err(|e| TrainError::Gpu(format!("finishing the backward pass on the device: {e:?}")))?;
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<f32>, TrainError>>(1);
+        scope.spawn(move || {
+            for (name, bucket) in packed {
+                let read = read_back(&name, bucket);
+                let failed = read.is_err();
+                if tx.send(read).is_err() || failed {
+                    break;
+                }
+            }
+        });
+        names
+            .into_iter()
+            .map(|name| {
+                let staged = rx
+                    .recv()
+                    .map_err(|_| TrainError::Gpu(format!("{name}: the reader thread stopped")))??;
+                let reduced =
+                    staging.reduce_staged::<B>(comm, &name, staged, ReduceOptions::average(), &device)?;
+                Ok((name, reduced))
+            })
+            .collect()
+    })
 }
 
 /// The L2 norm of all gradients together (one host read).

@@ -1,7 +1,8 @@
 //! Which device a rank trains on: `cpu`, `cuda` (the GPU of this rank's local
-//! rank, Horovod's "pin each GPU") or `cuda:N`. The choice and its parsing are
-//! here for every build; the CUDA backend itself is `drove_train::cuda` (feature
-//! `cuda`).
+//! rank, Horovod's "pin each GPU"), `cuda:N`, `wgpu` (the adapter of the local
+//! rank), `wgpu:N`, or `help` (list the adapters and stop). The choice and its
+//! parsing are here for every build; the backends themselves are
+//! `drove_train::cuda` (feature `cuda`) and `drove_train::wgpu` (feature `wgpu`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -17,7 +18,15 @@ pub enum DeviceChoice {
     /// A GPU through burn-cuda: `Some(n)` for `cuda:n`, `None` for `cuda`
     /// (the GPU of the local rank; see [`gpu_ordinal`]).
     Cuda(Option<usize>),
+    /// A GPU through burn's wgpu (Vulkan, Metal, DX12): `Some(n)` for
+    /// `wgpu:n`, the n-th adapter wgpu lists; `None` for `wgpu` (the adapter
+    /// of the local rank).
+    Wgpu(Option<usize>),
+    /// `help`: list the devices this drove can train on, and stop.
+    List,
 }
+
+const EXPECTED: &str = "expected cpu, cuda, cuda:N, wgpu, wgpu:N (N a GPU or adapter number) or help";
 
 impl FromStr for DeviceChoice {
     type Err = String;
@@ -25,10 +34,16 @@ impl FromStr for DeviceChoice {
         match s {
             "cpu" => Ok(DeviceChoice::Cpu),
             "cuda" | "gpu" => Ok(DeviceChoice::Cuda(None)),
-            other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Ok(DeviceChoice::Cuda(Some(n))),
-                _ => Err(format!("unknown device {other:?}: expected cpu, cuda or cuda:N (N a GPU number)")),
-            },
+            "wgpu" => Ok(DeviceChoice::Wgpu(None)),
+            "help" | "list" => Ok(DeviceChoice::List),
+            other => {
+                let number = |prefix: &str| other.strip_prefix(prefix).and_then(|n| n.parse::<usize>().ok());
+                match (number("cuda:"), number("wgpu:")) {
+                    (Some(n), _) => Ok(DeviceChoice::Cuda(Some(n))),
+                    (_, Some(n)) => Ok(DeviceChoice::Wgpu(Some(n))),
+                    _ => Err(format!("unknown device {other:?}: {EXPECTED}")),
+                }
+            }
         }
     }
 }
@@ -39,6 +54,9 @@ impl fmt::Display for DeviceChoice {
             DeviceChoice::Cpu => f.write_str("cpu"),
             DeviceChoice::Cuda(None) => f.write_str("cuda"),
             DeviceChoice::Cuda(Some(n)) => write!(f, "cuda:{n}"),
+            DeviceChoice::Wgpu(None) => f.write_str("wgpu"),
+            DeviceChoice::Wgpu(Some(n)) => write!(f, "wgpu:{n}"),
+            DeviceChoice::List => f.write_str("help"),
         }
     }
 }
@@ -49,8 +67,8 @@ impl DeviceChoice {
     /// a GPU.
     pub fn placement(self) -> Placement {
         match self {
-            DeviceChoice::Cpu => Placement::Host,
-            DeviceChoice::Cuda(_) => Placement::Backend,
+            DeviceChoice::Cpu | DeviceChoice::List => Placement::Host,
+            DeviceChoice::Cuda(_) | DeviceChoice::Wgpu(_) => Placement::Backend,
         }
     }
 
@@ -60,7 +78,7 @@ impl DeviceChoice {
     /// kernels.
     pub fn micro_batches(self, asked: usize) -> usize {
         match (asked, self) {
-            (0, DeviceChoice::Cuda(_)) => 1,
+            (0, DeviceChoice::Cuda(_) | DeviceChoice::Wgpu(_)) => 1,
             (n, _) => n,
         }
     }
@@ -81,19 +99,28 @@ pub fn gpu_ordinal(choice: Option<usize>, local_rank: usize, visible_devices: Op
     if shown == Some(1) { 0 } else { local_rank }
 }
 
+/// The adapter `--device wgpu` (no number) takes for a rank at `local_rank`
+/// of `count` adapters: its own, as with CUDA, or, with fewer adapters than
+/// ranks on the host, adapter `local_rank % count` (ranks then share one:
+/// Vulkan lets processes share a device, CUDA's one-rank-a-GPU does not apply).
+pub fn adapter_for_local_rank(local_rank: usize, count: usize) -> usize {
+    if count == 0 { 0 } else { local_rank % count }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn devices_parse_and_print_back() {
-        for s in ["cpu", "cuda", "cuda:0", "cuda:3"] {
+        for s in ["cpu", "cuda", "cuda:0", "cuda:3", "wgpu", "wgpu:0", "wgpu:2", "help"] {
             assert_eq!(s.parse::<DeviceChoice>().unwrap().to_string(), s);
         }
         assert_eq!("gpu".parse::<DeviceChoice>(), Ok(DeviceChoice::Cuda(None)));
-        for bad in ["tpu", "cuda:", "cuda:x", "cuda:-1", ""] {
+        assert_eq!("list".parse::<DeviceChoice>(), Ok(DeviceChoice::List));
+        for bad in ["tpu", "cuda:", "cuda:x", "cuda:-1", "wgpu:", "wgpu:one", "vulkan", ""] {
             let e = bad.parse::<DeviceChoice>().unwrap_err();
-            assert!(e.contains("expected cpu, cuda or cuda:N"), "{bad:?}: {e}");
+            assert!(e.contains("expected cpu, cuda, cuda:N, wgpu, wgpu:N"), "{bad:?}: {e}");
         }
     }
 
@@ -102,6 +129,16 @@ mod tests {
         assert_eq!((DeviceChoice::Cpu.placement(), DeviceChoice::Cpu.micro_batches(0)), (Placement::Host, 0));
         let gpu = DeviceChoice::Cuda(Some(1));
         assert_eq!((gpu.placement(), gpu.micro_batches(0), gpu.micro_batches(4)), (Placement::Backend, 1, 4));
+        let wgpu = DeviceChoice::Wgpu(None);
+        assert_eq!((wgpu.placement(), wgpu.micro_batches(0)), (Placement::Backend, 1));
+    }
+
+    #[test]
+    fn ranks_take_their_own_adapter_and_share_when_there_are_fewer() {
+        assert_eq!(adapter_for_local_rank(2, 4), 2);
+        assert_eq!(adapter_for_local_rank(2, 1), 0);
+        assert_eq!(adapter_for_local_rank(3, 2), 1);
+        assert_eq!(adapter_for_local_rank(0, 0), 0);
     }
 
     #[test]

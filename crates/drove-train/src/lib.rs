@@ -40,6 +40,8 @@ mod placement;
 pub mod replica;
 pub mod schedule;
 pub mod timeline;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 
 pub use error::TrainError;
 pub use exchange::{all_reduce_gradients, broadcast_parameters};

@@ -1,5 +1,5 @@
-//! The CUDA backend (feature `cuda`): burn-cuda without fusion
-//! (`CubeBackend<CudaRuntime>`, whose tensors' device memory can be reached),
+//! The CUDA backend (feature `cuda`): burn-cubecl over cubecl-cuda, without
+//! fusion or autotune (`CubeBackend<CudaRuntime>`, whose tensors' device memory can be reached),
 //! a check that the libraries it loads at run time are there, the device
 //! memory of a tensor ([`device_memory`]), and (feature `nccl`)
 //! [`NcclBuckets`], the in-place device all-reduce of gradient buckets, with
