@@ -6,8 +6,9 @@
 #   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate, and the Python package's (scripts/python-package.sh);
 #   5. the docs (rustdoc warnings as errors) and every crate packaged and
 #      checked alone from its own tarball (scripts/package-check.sh);
-#   6. the GPU build (features cuda,nccl; no GPU needed): clippy, and the
-#      test that a machine without a GPU gets a clear error.
+#   6. the GPU build (features cuda,nccl,wgpu; no GPU needed): clippy, the
+#      test that a machine without a GPU gets a clear error, and the wgpu
+#      tests, which train on Mesa's software Vulkan (lavapipe).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,6 +17,17 @@ if ! command -v cargo >/dev/null; then
     exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# A fresh clone builds everything once: incremental caches would only fill the
+# disk (8.5 GB of target/ in a full run).
+export CARGO_INCREMENTAL=0
+# How much target/ holds and how much room is left, after each big step: a CI
+# disk that fills up fails in the middle of a compile.
+disk() {
+    local held free
+    held=$(du -sh target 2>/dev/null | cut -f1)
+    free=$(df -h --output=avail . | tail -1 | tr -d ' ')
+    echo "test: disk after $1: target/ holds ${held:-nothing}, ${free} free"
+}
 
 bash scripts/fetch-assets.sh
 # The Python tools the tests drive (a reflection-v1alpha gRPC client), from PyPI.
@@ -54,12 +66,14 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "test: cargo test"
 cargo test --workspace --all-targets --locked
 cargo test --workspace --doc --locked
+disk "cargo test"
 echo "test: the Python package (python/): fmt, clippy, one abi3 wheel, its tests on the oldest and newest Python"
 python_started=$(date +%s)
 cargo fmt --manifest-path python/Cargo.toml -- --check
 CARGO_TARGET_DIR="$PWD/target/python" cargo clippy --manifest-path python/Cargo.toml --locked -- -D warnings
 DROVE_BIN="$PWD/target/debug/drove" bash scripts/python-package.sh
 echo "test: the Python package took $(( $(date +%s) - python_started )) s"
+disk "the Python package"
 echo "test: cargo doc (rustdoc warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 echo "test: cargo package --workspace, each crate checked alone from its own tarball (scripts/package-check.sh)"
@@ -72,11 +86,18 @@ cargo_home="${CARGO_HOME:-$HOME/.cargo}"
 rm -rf "$cargo_home"/registry/src/-*/drove-*
 bash scripts/package-check.sh
 echo "test: cargo package took $(( $(date +%s) - package_started )) s"
-echo "test: the GPU build (features cuda,nccl)"
+disk "cargo package"
+echo "test: the GPU build (features cuda,nccl,wgpu)"
 gpu_started=$(date +%s)
+# Mesa's software Vulkan (lavapipe), on which the wgpu tests train for real
+# (as root on Debian; elsewhere they skip, saying why).
+echo "test: Mesa's lavapipe and the Vulkan loader (mesa-vulkan-drivers, libvulkan1 from the Debian archive)"
+bash scripts/wgpu-tools.sh >/dev/null
 # clippy checks every target with these features (a separate `cargo check`
-# proved nothing more, and cost its own pass over the workspace).
-cargo clippy --workspace --all-targets --locked --features cuda,nccl -- -D warnings
-cargo test -p drove-cli --locked --features cuda,nccl --test gpu
+# proved nothing more, and cost its own pass over the workspace); both GPU
+# backends share this one feature set, so burn is built once more, not twice.
+cargo clippy --workspace --all-targets --locked --features cuda,nccl,wgpu -- -D warnings
+cargo test -p drove-cli --locked --features cuda,nccl,wgpu --test gpu --test wgpu
 cargo test -p drove-nccl --locked --features nccl --lib
 echo "test: the GPU build's steps took $(( $(date +%s) - gpu_started )) s"
+disk "the GPU build"
