@@ -9,6 +9,12 @@ batch 32, max length 128, first-subword labels, dynamic padding, no augmentation
     python bench/pytorch_ner.py --steps 20            # throughput, one JSON line
     python bench/pytorch_ner.py --epochs 3            # full fine-tune, test F1 per epoch
     python bench/pytorch_ner.py --device cuda --steps 200 --bucket-window 16   # on a GPU
+    python bench/pytorch_ner.py --device cuda --fused-adamw --batch-size 256 --steps 300   # cycles epochs
+
+With --steps the run goes on over as many epochs as the steps need (CoNLL-2003
+train is ~14k sentences: 55 steps of 256), its linear schedule spanning the
+warm-up and timed steps; the JSON line then names the first step's seconds
+and the peak GPU memory torch allocated.
 
 Needs torch and transformers (`pip install -r bench/requirements.txt`); entity F1
 is seqeval's when it is installed, else the same measure (exact-match entity
@@ -16,6 +22,7 @@ spans, micro-averaged, IOB2) computed here.
 """
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -75,6 +82,28 @@ def collate(batch, pad_id):
     return ids, mask, labels
 
 
+def epoch_batches(lengths, batch_size, bucket_window, rng=random):
+    """One epoch's batches (lists of indices into the data): a shuffled order
+    cut into batches, or with `bucket_window` > 0 drove's bucketing (sort
+    windows of that many batches by length, shuffle the full batches, the
+    short last one last). Draws from `rng` (the `random` module: the seeded
+    global stream) as the loop always did."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    steps = (len(order) + batch_size - 1) // batch_size
+    cuts = [order[b * batch_size : (b + 1) * batch_size] for b in range(steps)]
+    if bucket_window > 0 and cuts:
+        window = bucket_window * batch_size
+        cuts = []
+        for start in range(0, len(order), window):
+            chunk = sorted(order[start : start + window], key=lambda i: lengths[i])
+            cuts.extend(chunk[k : k + batch_size] for k in range(0, len(chunk), batch_size))
+        full = cuts[:-1] if len(cuts[-1]) < batch_size else cuts
+        rng.shuffle(full)
+        cuts = full + cuts[len(full):]
+    return cuts
+
+
 def entities(tags):
     """The (type, start, end) spans of IOB2 tags, as seqeval reads them."""
     spans, start, kind = set(), None, None
@@ -126,7 +155,8 @@ def main():
     ap.add_argument("--data", default="assets/conll2003")
     ap.add_argument("--model", default="assets/minilm")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=0, help="time this many steps after the warm-up steps, then stop")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="time this many steps after the warm-up steps, then stop (over as many epochs as they take)")
     ap.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first (with --steps)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -136,9 +166,14 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--random-init", action="store_true",
                     help="random weights of config.json's shape (where the weights did not travel)")
+    ap.add_argument("--fused-adamw", action="store_true",
+                    help="torch's fused AdamW (AdamW(fused=True); CUDA only)")
     args = ap.parse_args()
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"
+    if args.fused_adamw and not on_gpu:
+        ap.error(f"--fused-adamw needs --device cuda (found --device {args.device}): "
+                 "the check compares it on CUDA only")
 
     def sync():
         if on_gpu:
@@ -162,27 +197,34 @@ def main():
         {"params": [p for n, p in model.named_parameters() if not any(k in n for k in no_decay)], "weight_decay": 0.01},
         {"params": [p for n, p in model.named_parameters() if any(k in n for k in no_decay)], "weight_decay": 0.0},
     ]
-    optim = torch.optim.AdamW(groups, lr=5e-5)
+    optim = torch.optim.AdamW(groups, lr=5e-5, fused=True) if args.fused_adamw else torch.optim.AdamW(groups, lr=5e-5)
+    lengths = [len(ids) for ids, _, _ in data]
     steps_per_epoch = (len(data) + args.batch_size - 1) // args.batch_size
-    total = steps_per_epoch * args.epochs
+    if steps_per_epoch == 0:
+        ap.error(f"no training sentences in {os.path.join(args.data, 'train.txt')}")
+    if args.steps:
+        # As many epochs as the steps take; the schedule spans exactly them.
+        total = args.warmup_steps + args.steps
+        epochs = itertools.count()
+    else:
+        total = steps_per_epoch * args.epochs
+        epochs = range(args.epochs)
     schedule = get_linear_schedule_with_warmup(optim, int(0.1 * total), total)
     pad = tokenizer.pad_token_id
     model.train()
     timed, sentences, tokens, step = 0.0, 0, 0, 0
+    first_step_seconds = None
     history = []
-    for epoch in range(args.epochs):
-        order = list(range(len(data)))
-        random.shuffle(order)
-        cuts = [order[b * args.batch_size : (b + 1) * args.batch_size] for b in range(steps_per_epoch)]
-        if args.bucket_window > 0:
-            window = args.bucket_window * args.batch_size
-            cuts = []
-            for start in range(0, len(order), window):
-                chunk = sorted(order[start : start + window], key=lambda i: len(data[i][0]))
-                cuts.extend(chunk[k : k + args.batch_size] for k in range(0, len(chunk), args.batch_size))
-            full = cuts[:-1] if len(cuts[-1]) < args.batch_size else cuts
-            random.shuffle(full)
-            cuts = full + cuts[len(full):]
+
+    def memory():
+        return {
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
+            "gpu_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
+            "gpu_max_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if on_gpu else None,
+        }
+
+    for epoch in epochs:
+        cuts = epoch_batches(lengths, args.batch_size, args.bucket_window)
         for b in range(steps_per_epoch):
             batch = [data[i] for i in cuts[b]]
             ids, mask, labels = collate(batch, pad)
@@ -198,19 +240,22 @@ def main():
             sync()
             dt = time.perf_counter() - t0
             step += 1
+            if step == 1:
+                first_step_seconds = dt
             if step > args.warmup_steps:
                 timed += dt
                 sentences += len(batch)
                 tokens += int(mask.sum())
-            if args.steps and step >= args.steps + args.warmup_steps:
+            if args.steps and step >= total:
                 print(json.dumps({
                     "benchmark": "train", "implementation": "pytorch", "torch": torch.__version__,
                     "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
                     "threads": args.threads, "batch_size": args.batch_size, "steps_timed": step - args.warmup_steps,
                     "bucket_window": args.bucket_window, "random_init": args.random_init,
+                    "fused_adamw": args.fused_adamw, "steps_per_epoch": steps_per_epoch,
+                    "epochs_covered": step / steps_per_epoch, "first_step_seconds": first_step_seconds,
                     "sentences_per_s": sentences / timed, "tokens_per_s": tokens / timed,
-                    "gpu_max_memory_allocated_bytes": torch.cuda.max_memory_allocated(device) if on_gpu else None,
-                    "gpu_max_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if on_gpu else None,
+                    **memory(),
                 }))
                 return
         if not args.steps:
@@ -218,8 +263,9 @@ def main():
             f1 = evaluate(model, encode(tokenizer, test, 128), test, pad, device)
             history.append({"epoch": epoch + 1, "test_f1": f1})
             print(json.dumps(history[-1]), flush=True)
-    print(json.dumps({"implementation": "pytorch", "history": history,
-                      "sentences_per_s": sentences / timed, "tokens_per_s": tokens / timed}))
+    print(json.dumps({"implementation": "pytorch", "history": history, "fused_adamw": args.fused_adamw,
+                      "first_step_seconds": first_step_seconds,
+                      "sentences_per_s": sentences / timed, "tokens_per_s": tokens / timed, **memory()}))
 
 
 if __name__ == "__main__":

@@ -2,28 +2,50 @@
 
 Unpacks what `gpu-check.sh prepare` packed, picks the CUDA headers and the
 libraries (NVRTC, NCCL) from one place (`choose_cuda`), records their
-versions, then within the time budget runs, each with its own deadline,
-writing the JSON after every phase so that a cut run keeps what it measured:
+versions, then within the time budget (400 s: one run of about 7 minutes)
+runs the phases below, most valuable first, each with its own deadline
+(`phase_deadline`: its cap, less what the phases after it are kept), writing
+the JSON after every phase so that a cut run keeps what it measured:
 
-  1. `drove bench nccl`: NCCL all-reduce at world size 1 (64 MiB, 1 GiB)
-     beside a device-to-device copy;
-  2. `drove bench nccl --buckets`: the in-place path of training
-     (`NcclBuckets`, `device_memory`) on burn tensors of five layouts, each
-     result read back through burn and compared bit for bit;
-  3. where the NCCL loaded allows two ranks on one GPU (2.30 and later, with
-     NCCL_MULTI_RANK_GPU_ENABLE=1): phases 1 and 2 at world size 2 under
-     `drove run --np 2`, and a short `drove train ner --device cuda:0` at
-     world 2 (batch 8 each) against world 1 (batch 16): parameters after 5
-     steps within 1e-5 relative, as the CPU tests compare them;
-  4. `drove bench train --device cuda` and `pytorch_ner.py --device cuda`:
-     sentences/s over 200 steps of batch 32 on CoNLL-2003 (bucketed alike),
-     MiniLM-L6's shape, and the GPU memory each used at its peak (sampled
-     from nvidia-smi for both, beside each one's own counter);
-  5. when the real weights travelled and time is left: test entity F1 after
-     one epoch, for both.
+  1. the toolchain and the device;
+  2. `drove_b32`: `drove bench train --device cuda` at batch 32 (300 steps
+     after 20 untimed, bucket window 16) with a new, empty kernel cache
+     (`--kernel-cache WORK/kcache`, also DROVE_KERNEL_CACHE for every later
+     drove): sentences/s, the first step, kernels launched and compiled, and
+     the GPU memory at its peak (sampled from nvidia-smi);
+  3. `pytorch_b32`: pytorch_ner.py with `--fused-adamw` on the same batches'
+     settings; `drove_over_pytorch_b32`;
+  4. `drove_warm`: drove again for 5 steps on the cache phase 2 filled:
+     `first_step` sets the cold and the warm first step side by side with the
+     3 s target;
+  5. batch 256, drove and PyTorch (`drove_b256`, `pytorch_b256`,
+     `drove_over_pytorch_b256`): 300 steps after 10 (several epochs of
+     CoNLL-2003), fewer where drove's batch-32 speed says 300 would not fit
+     the phase's deadline (`b256_steps` says why);
+  6. `train_equivalence_world4_host`: four ranks on the one GPU under
+     `drove run --np 4` with `--gradient-path host` (batch 4 each) against
+     one rank (batch 16): parameters after 5 steps within 1e-5 relative;
+  7. `story_gpu`: the diversity story on four ranks of the one GPU
+     (masking augmentation 0.15, diagnosed every 5 of 12 steps): naive
+     seeding agrees 1.0 and sets the alarm off, derived seeding lies within
+     3 sigma of p^2+(1-p)^2 = 0.745 and does not;
+  8. `nccl` (world 1, 64 MiB beside a device copy) and `in_place` (the
+     in-place buckets on burn tensors of five layouts); where the NCCL loaded
+     allows two ranks on one GPU (2.30 and later, with
+     NCCL_MULTI_RANK_GPU_ENABLE=1) both at world 2 and the world-2
+     `train_equivalence`;
+  9. when more than 150 s are left: test entity F1 after one epoch, both.
 
-Standard library only (the check machine has Python and torch, no network);
-`choose_cuda` is unit-tested by scripts/test_gpu_check.py.
+`targets` (last in the JSON, rewritten with every write) sets each target
+beside what was measured: drove over PyTorch >= 1 at batch 32 and 256, a
+warm first step under 3 s, drove's peak GPU memory no more than PyTorch's.
+
+Where the weights did not travel both sides start from random weights of the
+same shape (`--random-init`; a hidden flag of `drove train ner`).
+
+Standard library only (the check machine has Python and torch, no network;
+numpy is used when present); the pure helpers are unit-tested by
+scripts/test_gpu_check.py.
 """
 
 import argparse
@@ -32,6 +54,7 @@ import json
 import lzma
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -42,14 +65,54 @@ import time
 # when NCCL_MULTI_RANK_GPU_ENABLE=1; before, it refuses with "Duplicate GPU detected".
 MULTI_RANK_GPU_FROM = 23000
 
+# The warm first step's target (seconds).
+WARM_FIRST_STEP_TARGET_S = 3.0
+
+# The phases in the order they run, each with its cap (seconds) and the floor
+# an earlier phase leaves it: a phase's deadline is its cap, or less where the
+# time left less the floors of the phases still to come is less. Phases not
+# named here (world 2, F1) get what is left, less FINAL_RESERVE_S.
+PLAN = (
+    ("drove_b32", 110, 40),
+    ("pytorch_b32", 60, 25),
+    ("drove_warm", 40, 15),
+    ("drove_b256", 80, 35),
+    ("pytorch_b256", 45, 25),
+    ("equivalence_world1", 35, 15),
+    ("equivalence_world4", 55, 25),
+    ("story_naive", 60, 25),
+    ("story_derived", 60, 25),
+    ("nccl", 30, 10),
+    ("in_place", 30, 10),
+)
+# Seconds kept for writing the JSON at the end.
+FINAL_RESERVE_S = 5
+
+
+def phase_deadline(phase, left_s, plan=PLAN, skip=()):
+    """Seconds `phase` may run when `left_s` are left: its cap, at most
+    `left_s` less FINAL_RESERVE_S and the floors of the phases after it in
+    `plan` (but those in `skip`, which will not run); never below 0. A phase
+    not in `plan` gets what is left less FINAL_RESERVE_S, capped by nothing."""
+    names = [name for name, _, _ in plan]
+    if phase not in names:
+        return max(0.0, left_s - FINAL_RESERVE_S)
+    i = names.index(phase)
+    reserve = FINAL_RESERVE_S + sum(floor for name, _, floor in plan[i + 1:] if name not in skip)
+    return max(0.0, min(float(plan[i][1]), left_s - reserve))
+
 
 def log(msg):
     print(f"gpu-check: {msg}", file=sys.stderr, flush=True)
 
 
 class Report:
-    def __init__(self, path):
+    """The JSON, rewritten whole after every change; `summary(data)`, when
+    given, is written last as `targets`."""
+
+    def __init__(self, path, summary=None):
         self.path = path
+        self.summary = summary
         self.data = {"check": "drove gpu check", "started_unix": time.time(), "errors": []}
 
     def set(self, key, value):
@@ -61,9 +124,16 @@ class Report:
         self.write()
 
     def write(self):
+        data = self.data
+        if self.summary is not None:
+            data = {k: v for k, v in self.data.items() if k != "targets"}
+            try:
+                data["targets"] = self.summary(self.data)
+            except Exception as e:  # a summary never costs the measurements
+                data["targets"] = {"error": f"{type(e).__name__}: {e}"}
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(self.data, f, indent=2)
+            json.dump(data, f, indent=2)
         os.replace(tmp, self.path)
 
 
@@ -316,6 +386,69 @@ def json_lines(stdout):
     return by_rank
 
 
+def descendants(pid):
+    """The processes below `pid` (children, theirs, ...), from /proc."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def run_bounded(cmd, env, cwd, timeout, grace=5.0):
+    """Runs `cmd` in a session of its own; returns (exit code, stdout,
+    stderr), the code None when it ran past `timeout`. Then its process group
+    and every process below it (the ranks of `drove run` sit in groups of
+    their own) get SIGTERM (`drove run` also passes it on to its ranks), and
+    those still there after `grace` seconds SIGKILL, so that no rank is left
+    holding the GPU while the next phase measures."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        pass
+    family = [proc.pid] + descendants(proc.pid)
+
+    def send(sig):
+        for kill, target in [(os.killpg, proc.pid)] + [(os.kill, p) for p in family if alive(p)]:
+            try:
+                kill(target, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+    send(signal.SIGTERM)
+    end = time.time() + grace
+    while time.time() < end and any(alive(p) for p in family):
+        time.sleep(0.1)
+    send(signal.SIGKILL)
+    try:
+        stdout, stderr = proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:  # a pipe still held open by something we did not find
+        stdout, stderr = "", ""
+    return None, stdout or "", stderr or ""
+
+
+def alive(pid):
+    """Whether `pid` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def run_json(report, phase, cmd, env, timeout, cwd=None, every_rank=False):
     """Runs `cmd`; returns the last JSON object rank 0 printed (every rank's,
     by rank, with `every_rank`), or None after recording why there is none.
@@ -327,14 +460,14 @@ def run_json(report, phase, cmd, env, timeout, cwd=None, every_rank=False):
     log(f"{phase}: {' '.join(cmd)} (deadline {timeout:.0f} s)")
     started = time.time()
     try:
-        out = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        report.error(phase, f"did not finish within {timeout:.0f} s; stderr tail: {stderr[-2000:]}")
-        return None
+        code, stdout, stderr = run_bounded(cmd, env, cwd, timeout)
     except OSError as e:
         report.error(phase, f"could not start {cmd[0]}: {e}")
         return None
+    if code is None:
+        report.error(phase, f"did not finish within {timeout:.0f} s; stderr tail: {stderr[-2000:]}")
+        return None
+    out = subprocess.CompletedProcess(cmd, code, stdout, stderr)
     took = time.time() - started
     found = json_lines(out.stdout)
     if out.returncode != 0:
@@ -395,29 +528,198 @@ def relative_difference(a, b):
     return diff / scale if scale else float("inf")
 
 
-def train_equivalence(report, drove, data, model, env, work, left):
-    """World 2 on one GPU (batch 8 each) against world 1 (batch 16): the
-    parameters after 5 steps must agree within 1e-5 relative."""
+def train_equivalence(report, drove, data, model, env, work, world, deadline_one, deadline_many,
+                      extra=(), init=(), name="train equivalence"):
+    """`world` ranks on one GPU (batch 16 / world each) against world 1 (batch
+    16), with the flags `extra` on both (e.g. `--gradient-path host`) and
+    `init` (`--random-init` where the weights did not travel): the parameters
+    after 5 steps (16 sentences, 5 epochs) must agree within 1e-5 relative.
+    `deadline_one()` and `deadline_many()` give each run's seconds when it starts."""
     small = ["train", "ner", "--device", "cuda:0", "--data", data, "--model", model, "--max-train-sentences", "16",
              "--epochs", "5", "--dropout", "0", "--eval", "", "--lr-scaling", "none", "--lr", "1e-3",
-             "--warmup", "0", "--micro-batches", "1", "--json"]
-    one, two = os.path.join(work, "equivalence-1"), os.path.join(work, "equivalence-2")
-    result = {"steps": 5, "bound": 1e-5}
-    result["world1"] = run_json(report, "train world 1", [drove] + small + ["--batch-size", "16", "--out", one],
-                                env, min(75, left() - 250))
-    result["world2"] = run_json(report, "train world 2",
-                                under_run(drove, 2, small + ["--batch-size", "8", "--out", two]),
-                                env, min(75, left() - 200))
-    if result["world1"] and result["world2"]:
+             "--warmup", "0", "--micro-batches", "1", "--json"] + list(extra) + list(init)
+    tag = "-".join(a.lstrip("-") for a in extra)
+    one = os.path.join(work, "equivalence" + (f"-{tag}" if tag else "") + "-1")
+    many = os.path.join(work, "equivalence" + (f"-{tag}" if tag else "") + f"-{world}")
+    for d in (one, many):
+        shutil.rmtree(d, ignore_errors=True)  # a checkpoint of an earlier try would be read as this one's
+    result = {"steps": 5, "bound": 1e-5, "world": world, "batch_per_rank": 16 // world, "flags": list(extra),
+              "random_init": bool(init)}
+    result["world1"] = run_json(report, f"{name} world 1", [drove] + small + ["--batch-size", "16", "--out", one],
+                                env, deadline_one())
+    result[f"world{world}"] = run_json(report, f"{name} world {world}",
+                                       under_run(drove, world, small + ["--batch-size", str(16 // world),
+                                                                        "--out", many]),
+                                       env, deadline_many())
+    if result["world1"] and result[f"world{world}"]:
         try:
-            d = relative_difference(read_checkpoint(one), read_checkpoint(two))
+            d = relative_difference(read_checkpoint(one), read_checkpoint(many))
             result["relative_difference"] = d
             result["within_bound"] = d < 1e-5
             if d >= 1e-5:
-                report.error("train equivalence", f"world 2 differs from world 1 by {d:e} (relative) after 5 steps")
+                report.error(name, f"world {world} differs from world 1 by {d:e} (relative) after 5 steps")
         except (OSError, ValueError, KeyError) as e:
-            report.error("train equivalence", f"comparing the checkpoints: {e}")
+            report.error(name, f"comparing the checkpoints: {e}")
     return result
+
+
+# ---------------------------------------------------------------------------
+# The diversity story on four ranks of the one GPU.
+
+STORY_WORLD = 4
+STORY_BATCH = 32
+STORY_STEPS = 12
+STORY_MASK = 0.15
+
+
+def story_args(seeding, data, model, out, init=()):
+    """`drove train ner`'s flags for one run of the story: 12 steps of 4 ranks
+    of 32 on one epoch of exactly that many sentences, diagnosed every 5."""
+    return ["train", "ner", "--device", "cuda:0", "--gradient-path", "host", "--augment-mask", str(STORY_MASK),
+            "--seeding", seeding, "--diagnose-every", "5", "--max-steps", str(STORY_STEPS), "--epochs", "1",
+            "--batch-size", str(STORY_BATCH), "--max-train-sentences", str(STORY_WORLD * STORY_BATCH * STORY_STEPS),
+            "--eval", "", "--json", "--out", out, "--data", data, "--model", model] + list(init)
+
+
+def story_run(seeding, summary):
+    """One run of the story read from `drove train ner --json`'s summary
+    (NerSummary: `mask_agreement` is drove-collate's AgreementReport, null
+    when no step was diagnosed; `diversity_alarm` the alarm's text or null):
+    naive seeding passes with agreement 1.0, the verdict `identical` and the
+    alarm; derived seeding with agreement within 3 sigma of the expected
+    p^2+(1-p)^2, the verdict `diverse` and no alarm."""
+    if not isinstance(summary, dict):
+        return {"seeding": seeding, "pass": False, "why": "the run gave no summary (see errors)"}
+    a = summary.get("mask_agreement")
+    alarm = summary.get("diversity_alarm")
+    out = {"seeding": seeding, "alarm": alarm, "exit_code": summary.get("exit_code"),
+           "steps": summary.get("steps"), "world_size": summary.get("world_size")}
+    if not isinstance(a, dict):
+        out.update({"agreement": None, "pass": False, "why": "no step was diagnosed (mask_agreement is null)"})
+        return out
+    mean, expected, sigma = a.get("mean_agreement"), a.get("expected"), a.get("sigma")
+    z = (mean - expected) / sigma if None not in (mean, expected, sigma) and sigma > 0 else None
+    out.update({"agreement": mean, "expected": expected, "sigma": sigma, "z": z,
+                "within_3_sigma": a.get("within_3_sigma"), "verdict": a.get("verdict"),
+                "diagnosed_steps": a.get("steps"), "world_size": a.get("world_size", out["world_size"])})
+    if mean is None:
+        out.update({"pass": False, "why": "no agreement was measured (NaN: no positions compared)"})
+    elif seeding == "naive":
+        ok = abs(mean - 1.0) < 1e-9 and a.get("verdict") == "identical" and isinstance(alarm, str)
+        out["pass"] = ok
+        if not ok:
+            out["why"] = "naive seeding should agree 1.0 with the verdict identical and the alarm"
+    else:
+        within = z is not None and abs(z) <= 3.0
+        ok = within and a.get("verdict") == "diverse" and alarm is None
+        out["pass"] = ok
+        if not ok:
+            out["why"] = "derived seeding should lie within 3 sigma of the expected agreement, diverse, no alarm"
+    return out
+
+
+def story_verdict(naive, derived, skipped=None):
+    """Both runs of the story (their summaries, or None) and whether it holds."""
+    if skipped:
+        return {"pass": None, "why": skipped}
+    runs = {"naive": story_run("naive", naive), "derived": story_run("derived", derived)}
+    return {"world": STORY_WORLD, "batch_per_rank": STORY_BATCH, "steps": STORY_STEPS, "mask_probability": STORY_MASK,
+            "diagnose_every": 5, **runs, "pass": runs["naive"]["pass"] and runs["derived"]["pass"]}
+
+
+# ---------------------------------------------------------------------------
+# What the phases measured, summed up.
+
+def sentences_per_s(run):
+    return run.get("sentences_per_s") if isinstance(run, dict) else None
+
+
+def ratio(ours, theirs):
+    """drove's sentences/s over PyTorch's, or None where either is missing."""
+    a, b = sentences_per_s(ours), sentences_per_s(theirs)
+    return a / b if a and b else None
+
+
+def fit_steps(requested, warmup, batch, deadline_s, reference, minimum=30, margin=0.8):
+    """Steps at `batch` that fit in `deadline_s`, estimated from `reference`
+    (drove bench train's JSON at another batch): a step as long as `batch`
+    sentences took there (no gain from the larger batch assumed), the
+    reference's untimed time (loading, compiling, its warm-up steps) again,
+    with `margin` of the deadline. Returns (steps, why or None): `requested`
+    where it fits or nothing is known, never below `minimum`."""
+    sps = sentences_per_s(reference)
+    if not sps:
+        return requested, None
+    step_s = batch / sps
+    wall, mean, timed = (reference.get(k) for k in ("wall_seconds_including_load", "step_mean_seconds", "steps_timed"))
+    overhead = wall - mean * timed if None not in (wall, mean, timed) else 30.0
+    fits = int((margin * deadline_s - overhead) / step_s) - warmup
+    if fits >= requested:
+        return requested, None
+    steps = max(minimum, fits)
+    return steps, (f"{requested} steps would not fit {deadline_s:.0f} s: a step of {batch} estimated at "
+                   f"{step_s:.2f} s from {sps:.0f} sentences/s, {overhead:.0f} s untimed")
+
+
+def first_step_summary(cold, warm, target=WARM_FIRST_STEP_TARGET_S):
+    """The first step with an empty kernel cache beside the first with the
+    cache the cold run filled, and the warm one's target."""
+    def get(run, key):
+        return run.get(key) if isinstance(run, dict) else None
+    warm_s = get(warm, "first_step_seconds")
+    return {"first_step_cold_s": get(cold, "first_step_seconds"), "first_step_warm_s": warm_s,
+            "target_warm_s": target, "warm_met": (warm_s < target) if warm_s is not None else None,
+            "kernels_compiled_cold": get(cold, "kernels_compiled"),
+            "kernels_compiled_warm": get(warm, "kernels_compiled"),
+            "kernel_cache": get(cold, "kernel_cache")}
+
+
+def peak_mib(run):
+    """The sampled peak GPU memory of a run over the idle memory (MiB)."""
+    if not isinstance(run, dict) or not isinstance(run.get("gpu_memory_sampled"), dict):
+        return None
+    return run["gpu_memory_sampled"].get("peak_over_idle_mib")
+
+
+def targets(data):
+    """Each target beside what was measured (`met` is null where it was not)."""
+    out = {}
+    for batch in ("b32", "b256"):
+        ours, theirs = data.get(f"drove_{batch}"), data.get(f"pytorch_{batch}")
+        r = ratio(ours, theirs)
+        out[f"{batch}_ratio"] = {
+            "target": "drove/pytorch sentences_per_s >= 1", "drove_sentences_per_s": sentences_per_s(ours),
+            "pytorch_sentences_per_s": sentences_per_s(theirs), "ratio": r, "met": None if r is None else r >= 1.0,
+            "kernels_launched_per_step": ours.get("kernels_launched_per_step") if isinstance(ours, dict) else None}
+    warm = data.get("drove_warm_first_step_seconds")
+    out["warm_first_step"] = {"target_s": WARM_FIRST_STEP_TARGET_S, "seconds": warm,
+                              "met": None if warm is None else warm < WARM_FIRST_STEP_TARGET_S}
+    memory = {"target": "drove's sampled peak GPU memory (over idle) <= PyTorch's"}
+    mets = []
+    for batch in ("b32", "b256"):
+        ours, theirs = peak_mib(data.get(f"drove_{batch}")), peak_mib(data.get(f"pytorch_{batch}"))
+        met = None if ours is None or theirs is None else ours <= theirs
+        memory[batch] = {"drove_mib": ours, "pytorch_mib": theirs, "met": met}
+        if met is not None:
+            mets.append(met)
+    memory["met"] = all(mets) if mets else None
+    out["peak_memory"] = memory
+    goals = [out[k]["met"] for k in ("b32_ratio", "b256_ratio", "warm_first_step", "peak_memory")]
+    out["all_met"] = all(goals) if None not in goals else None
+    return out
+
+
+def folder_size(path):
+    """(files, bytes) under `path`."""
+    files = size = 0
+    for root, _, names in os.walk(path):
+        for n in names:
+            try:
+                size += os.path.getsize(os.path.join(root, n))
+                files += 1
+            except OSError:
+                pass
+    return files, size
 
 
 # ---------------------------------------------------------------------------
@@ -426,13 +728,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pack", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=float, default=440, help="seconds for everything")
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--budget", type=float, default=400, help="seconds for everything")
+    ap.add_argument("--steps", type=int, default=300, help="timed steps of the throughput runs (both batches)")
     args = ap.parse_args()
     t0 = time.time()
     left = lambda: args.budget - (time.time() - t0)
     os.makedirs(args.out, exist_ok=True)
-    report = Report(os.path.join(args.out, "gpu-check.json"))
+    report = Report(os.path.join(args.out, "gpu-check.json"), summary=targets)
+    report.set("budget_s", args.budget)
     work = os.path.join(args.out, "work")
     drove, data, model = unpack(args.pack, work)
     meta = json.load(open(os.path.join(args.pack, "pack.json")))
@@ -460,62 +763,120 @@ def main():
     except (OSError, subprocess.TimeoutExpired, IndexError) as e:
         report.set("device", None)
         report.error("device", f"nvidia-smi: {e}")
+    report.set("setup_seconds", time.time() - t0)
 
-    sizes = ["--sizes", "64MiB,1GiB"]
-    report.set("nccl", run_json(report, "nccl", [drove, "bench", "nccl", "--json"] + sizes, env, min(60, left())))
+    # One kernel cache for every drove run, new for the cold one: the flag for
+    # `drove bench train`, the variable for the others (`drove train ner`).
+    kcache = os.path.join(work, "kcache")
+    shutil.rmtree(kcache, ignore_errors=True)
+    env["DROVE_KERNEL_CACHE"] = kcache
+    deadlines = {}
+
+    def deadline(phase):
+        d = phase_deadline(phase, left())
+        deadlines[phase] = {"deadline_s": round(d, 1), "started_at_s": round(time.time() - t0, 1)}
+        report.data["deadlines"] = deadlines
+        return d
+
+    init = [] if real else ["--random-init"]
+    data_model = ["--data", data, "--model", model]
+    script = os.path.join(args.pack, "pytorch_ner.py")
+
+    def drove_bench(batch, steps, warmup):
+        return ([drove, "bench", "train", "--device", "cuda", "--json", "--batch-size", str(batch),
+                 "--steps", str(steps), "--warmup-steps", str(warmup), "--bucket-window", "16",
+                 "--kernel-cache", kcache] + data_model + init)
+
+    def pytorch_bench(batch, steps, warmup):
+        return ([sys.executable, script, "--device", "cuda", "--fused-adamw", "--batch-size", str(batch),
+                 "--steps", str(steps), "--warmup-steps", str(warmup), "--bucket-window", "16"] + data_model + init)
+
+    def measured(key, label, cmd):
+        """Runs `cmd` under its phase's deadline with the GPU memory sampled;
+        records its JSON under `key`."""
+        with GpuMemory() as mem:
+            value = run_json(report, label, cmd, env, deadline(key))
+        if value:
+            value["gpu_memory_sampled"] = mem.result()
+        report.set(key, value)
+        return value
+
+    # 2-3. Batch 32: drove with an empty kernel cache, then PyTorch (20
+    # untimed steps each: cubecl autotunes per shape, cuBLAS picks on first use).
+    ours = measured("drove_b32", "drove b32 (cold kernel cache)", drove_bench(32, args.steps, 20))
+    files, size = folder_size(kcache)
+    report.set("kernel_cache_after_cold", {"path": kcache, "files": files, "bytes": size})
+    theirs = measured("pytorch_b32", "pytorch b32", pytorch_bench(32, args.steps, 20))
+    report.set("drove_over_pytorch_b32", ratio(ours, theirs))
+
+    # 4. The same run on the cache the cold one filled: its first step.
+    warm = run_json(report, "drove warm kernel cache", drove_bench(32, 5, 0), env, deadline("drove_warm"))
+    report.set("drove_warm", warm)
+    report.set("drove_warm_first_step_seconds", warm.get("first_step_seconds") if warm else None)
+    report.set("first_step", first_step_summary(ours, warm))
+
+    # 5. Batch 256 (55 steps an epoch: both cycle epochs), as many steps as fit.
+    steps, why = fit_steps(args.steps, 10, 256, phase_deadline("drove_b256", left()), ours)
+    report.set("b256_steps", {"requested": args.steps, "steps": steps, "warmup": 10, "why_fewer": why})
+    ours256 = measured("drove_b256", "drove b256", drove_bench(256, steps, 10))
+    theirs256 = measured("pytorch_b256", "pytorch b256", pytorch_bench(256, steps, 10))
+    report.set("drove_over_pytorch_b256", ratio(ours256, theirs256))
+
+    # 6. Four ranks on the one GPU, gradients staged through the host, against one.
+    init_ner = init  # `drove train ner --random-init` is a hidden flag, the same draw as bench train's
+    report.set("train_equivalence_world4_host",
+               train_equivalence(report, drove, data, model, env, work, 4,
+                                 lambda: deadline("equivalence_world1"), lambda: deadline("equivalence_world4"),
+                                 extra=["--gradient-path", "host"], init=init_ner,
+                                 name="train equivalence world 4 host"))
+
+    # 7. The diversity story on those four ranks.
+    summaries = {}
+    for seeding in ("naive", "derived"):
+        out_dir = os.path.join(work, f"story-{seeding}")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        cmd = under_run(drove, STORY_WORLD, story_args(seeding, data, model, out_dir, init_ner))
+        summaries[seeding] = run_json(report, f"story {seeding}", cmd, env, deadline(f"story_{seeding}"))
+        report.set("story_gpu", {**story_verdict(summaries.get("naive"), summaries.get("derived")),
+                                 "summaries": summaries, "random_init": not real})
+
+    # 8. NCCL at world 1 and the in-place buckets; world 2 where NCCL allows it.
+    sizes = ["--sizes", "64MiB"]
+    report.set("nccl", run_json(report, "nccl", [drove, "bench", "nccl", "--json"] + sizes, env, deadline("nccl")))
     report.set("in_place", run_json(report, "in place", [drove, "bench", "nccl", "--buckets", "--json"], env,
-                                    min(40, left())))
-
+                                    deadline("in_place")))
     code = versions["nccl"].get("code") if isinstance(versions["nccl"], dict) else None
     if code is not None and code >= MULTI_RANK_GPU_FROM:
         env2 = {**env, "NCCL_MULTI_RANK_GPU_ENABLE": "1"}
-        report.set("world2", {"allowed": True, "why": f"NCCL {versions['nccl']['version']} with NCCL_MULTI_RANK_GPU_ENABLE=1"})
+        report.set("world2", {"allowed": True,
+                              "why": f"NCCL {versions['nccl']['version']} with NCCL_MULTI_RANK_GPU_ENABLE=1"})
         report.set("in_place_world2", run_json(report, "in place world 2",
                                                under_run(drove, 2, ["bench", "nccl", "--buckets", "--gpu", "0",
                                                                     "--json"]),
-                                               env2, min(40, left()), every_rank=True))
+                                               env2, min(40, deadline("in_place_world2")), every_rank=True))
         report.set("nccl_world2", run_json(report, "nccl world 2",
                                            under_run(drove, 2, ["bench", "nccl", "--gpu", "0", "--json"] + sizes),
-                                           env2, min(45, left()), every_rank=True))
-        if real:
-            report.set("train_equivalence", train_equivalence(report, drove, data, model, env2, work, left))
-        else:
-            report.set("train_equivalence", "not run: the weights did not travel (drove train ner needs them)")
+                                           env2, min(45, deadline("nccl_world2")), every_rank=True))
+        report.set("train_equivalence", train_equivalence(
+            report, drove, data, model, env2, work, 2, lambda: min(75, deadline("equivalence_world2_1")),
+            lambda: min(75, deadline("equivalence_world2_2")), init=init_ner))
     else:
         why = (f"NCCL {versions['nccl'].get('version')} is older than 2.30, which refuses two ranks on one GPU "
-               "(\"Duplicate GPU detected\")" if code is not None else f"the NCCL version is unknown: {versions['nccl']}")
+               "(\"Duplicate GPU detected\")" if code is not None
+               else f"the NCCL version is unknown: {versions['nccl']}")
         report.set("world2", {"allowed": False, "why": why})
 
-    init = [] if real else ["--random-init"]
-    # 20 untimed steps on both sides: cubecl autotunes its kernels per shape and
-    # cuBLAS picks its own on first use.
-    common = ["--batch-size", "32", "--steps", str(args.steps), "--warmup-steps", "20", "--bucket-window", "16",
-              "--data", data, "--model", model]
-    with GpuMemory() as mem:
-        ours = run_json(report, "drove train", [drove, "bench", "train", "--device", "cuda", "--json"]
-                                               + common + init, env, min(200, left() - 100))
-    if ours:
-        ours["gpu_memory_sampled"] = mem.result()
-    report.set("drove_train", ours)
-    script = os.path.join(args.pack, "pytorch_ner.py")
-    with GpuMemory() as mem:
-        theirs = run_json(report, "pytorch train", [sys.executable, script, "--device", "cuda"] + common + init,
-                          env, min(150, left() - 20))
-    if theirs:
-        theirs["gpu_memory_sampled"] = mem.result()
-    report.set("pytorch_train", theirs)
-    if ours and theirs:
-        report.set("throughput_ratio_drove_over_pytorch", ours["sentences_per_s"] / theirs["sentences_per_s"])
-
+    # 9. F1 after one epoch, where time is left.
     if real and left() > 150:
         f1 = {}
         run_out = os.path.join(work, "run")
+        shutil.rmtree(run_out, ignore_errors=True)
         summary = run_json(report, "drove f1", [drove, "train", "ner", "--device", "cuda", "--epochs", "1",
-                                                "--eval", "test", "--json", "--out", run_out,
-                                                "--data", data, "--model", model], env, left() / 2 - 5)
+                                                "--eval", "test", "--json", "--out", run_out] + data_model,
+                           env, left() / 2 - 5)
         f1["drove_test_f1"] = summary and summary.get("test_f1")
-        theirs_f1 = run_json(report, "pytorch f1", [sys.executable, script, "--device", "cuda", "--epochs", "1",
-                                                    "--data", data, "--model", model], env, left() - 10)
+        theirs_f1 = run_json(report, "pytorch f1", [sys.executable, script, "--device", "cuda", "--epochs", "1"]
+                             + data_model, env, left() - 10)
         f1["pytorch_test_f1"] = theirs_f1 and (theirs_f1.get("history") or [{}])[-1].get("test_f1")
         if f1["drove_test_f1"] is not None and f1["pytorch_test_f1"] is not None:
             f1["difference_points"] = 100 * (f1["drove_test_f1"] - f1["pytorch_test_f1"])
@@ -523,7 +884,7 @@ def main():
     elif not real:
         report.set("f1_after_one_epoch", "not measured: the weights did not travel (random initialisation)")
     else:
-        report.set("f1_after_one_epoch", f"not measured: {left():.0f} s left of the budget")
+        report.set("f1_after_one_epoch", f"not measured: {left():.0f} s left of the budget (needs 150)")
     report.set("seconds", time.time() - t0)
     log(f"wrote {report.path} after {time.time() - t0:.0f} s")
 

@@ -13,6 +13,7 @@ use burn::backend::{Autodiff, Flex};
 use drove_comm::SingleProcess;
 use drove_ner::{NerError, NerOptions, NerSummary, Observer, StepReport, train_ner};
 use drove_train::gpu::DeviceChoice;
+use drove_train::kernels::KernelCache;
 use drove_train::{PhaseTimes, Placement};
 use serde::Serialize;
 
@@ -54,6 +55,15 @@ pub struct TrainOptions {
     /// throughput where the weights are not at hand).
     #[cfg_attr(feature = "clap", arg(long))]
     pub random_init: bool,
+    /// Pad each batch's length up to a multiple of N [default: 16 on a GPU,
+    /// 1 on the CPU].
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N"))]
+    pub pad_multiple: Option<usize>,
+    /// Where a GPU keeps compiled kernels and autotune results between runs:
+    /// a folder, `default` ($DROVE_KERNEL_CACHE, else ~/.cache/drove/kernels)
+    /// or `off`.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR|default|off", default_value = "default"))]
+    pub kernel_cache: KernelCache,
 }
 
 impl Default for TrainOptions {
@@ -68,6 +78,8 @@ impl Default for TrainOptions {
             micro_batches: 0,
             placement: None,
             random_init: false,
+            pad_multiple: None,
+            kernel_cache: KernelCache::Default,
         }
     }
 }
@@ -88,6 +100,17 @@ pub trait Trainer {
     /// The adapter that trains, where there is one to name (wgpu: its name,
     /// kind, graphics API and driver).
     fn adapter(&self) -> Option<String> {
+        None
+    }
+
+    /// Kernels launched so far in this process, where they are counted (a
+    /// GPU opened with `count_launches`).
+    fn kernels_launched(&self) -> Option<u64> {
+        None
+    }
+
+    /// The folder compiled kernels are kept in, where there is one.
+    fn kernel_cache(&self) -> Option<PathBuf> {
         None
     }
 }
@@ -127,6 +150,14 @@ impl Trainer for drove_ner::Gpu {
     fn adapter(&self) -> Option<String> {
         Some(self.describe())
     }
+
+    fn kernels_launched(&self) -> Option<u64> {
+        self.kernels().counting.then(drove_train::kernels::launched)
+    }
+
+    fn kernel_cache(&self) -> Option<PathBuf> {
+        self.kernels().cache.clone()
+    }
 }
 
 /// What the training suite reports (the JSON of `drove bench train`). The
@@ -148,12 +179,22 @@ pub struct TrainReport {
     pub first_step_seconds: f64,
     /// GPU memory in use at the end (all processes), on a GPU.
     pub gpu_memory_used_bytes: Option<u64>,
+    /// The kernel cache folder, if any.
+    pub kernel_cache: Option<String>,
+    /// Kernels compiled in this run (entries the kernel cache gained; `None`
+    /// without a cache).
+    pub kernels_compiled: Option<u64>,
+    /// Kernels launched per step, on average over every step (warm-up
+    /// included), where the device counts them.
+    pub kernels_launched_per_step: Option<f64>,
     /// The median of the timed steps' sentences per second.
     pub median_sentences_per_s: f64,
     /// Micro-batches a step ran.
     pub micro_batches: usize,
     /// The model folder.
     pub model: String,
+    /// What batch lengths were padded up to a multiple of.
+    pub pad_multiple: usize,
     /// Peak resident memory of this process, from /proc.
     pub peak_rss_bytes: Option<u64>,
     /// Mean seconds per timed step of each phase. Host syncs per step on the
@@ -226,6 +267,22 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The launch count once cubecl's logger thread has caught up: read until
+/// two reads 50 ms apart agree, for at most 2 s (its notes are delivered
+/// asynchronously; a count still moving after that is reported as read).
+fn settled(read: impl Fn() -> Option<u64>) -> Option<u64> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut last = read()?;
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = read()?;
+        if now == last || Instant::now() > deadline {
+            return Some(now);
+        }
+        last = now;
+    }
+}
+
 /// Trains `o.warmup_steps + o.steps` steps of one epoch on `trainer` (no
 /// evaluation, output in a scratch folder) and reports the timed ones.
 pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, BenchError> {
@@ -233,12 +290,20 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
     let device = trainer.device();
     let placement = o.placement.unwrap_or(device.placement());
     let micro = device.micro_batches(o.micro_batches);
+    let pad_multiple = device.pad_multiple(o.pad_multiple);
+    let cache = trainer.kernel_cache();
+    let cached_before = cache.as_deref().map(drove_train::kernels::cached_kernels);
+    let launched_before = trainer.kernels_launched();
     let opts = NerOptions {
         data: o.data.clone(),
         model: o.model.clone(),
         out: out.path().to_path_buf(),
-        epochs: 1,
+        // Enough epochs for the steps, whatever the batch (every epoch has at
+        // least one step); --max-steps stops it. The schedule spans them all.
+        epochs: (o.warmup_steps + o.steps).max(1) as usize,
         batch_size: o.batch_size,
+        pad_multiple: Some(pad_multiple),
+        kernel_cache: o.kernel_cache.clone(),
         eval_sets: Vec::new(),
         bucket_window: Some(o.bucket_window),
         micro_batches: micro,
@@ -251,6 +316,14 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
     let started = Instant::now();
     trainer.train(&opts, &mut timer).map_err(BenchError::Ner)?;
     let wall = started.elapsed().as_secs_f64();
+    let steps_run = timer.steps.len().max(1) as f64;
+    let kernels_launched_per_step = launched_before
+        .zip(settled(|| trainer.kernels_launched()))
+        .map(|(before, after)| after.saturating_sub(before) as f64 / steps_run);
+    let kernels_compiled = cache
+        .as_deref()
+        .zip(cached_before)
+        .map(|(dir, before)| drove_train::kernels::cached_kernels(dir).saturating_sub(before));
     let skip = o.warmup_steps.min(timer.steps.len() as u64) as usize;
     let timed = &timer.steps[skip..];
     // Harmonic means: total work over total time.
@@ -264,9 +337,13 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
         device: device.to_string(),
         first_step_seconds: timer.phases.first().map_or(0.0, step_seconds),
         gpu_memory_used_bytes: trainer.memory_used_bytes(),
+        kernel_cache: cache.map(|d| d.display().to_string()),
+        kernels_compiled,
+        kernels_launched_per_step,
         median_sentences_per_s: median(timed.iter().map(|s| s.0).collect()).unwrap_or(0.0),
         micro_batches: drove_train::micro::MicroBatches::resolve(micro, o.batch_size),
         model: o.model.display().to_string(),
+        pad_multiple,
         peak_rss_bytes: peak_rss_bytes(),
         phase_mean_seconds: phase_means(timed_phases),
         placement: placement.to_string(),
@@ -298,9 +375,13 @@ mod tests {
             device: "cpu".into(),
             first_step_seconds: 1.0,
             gpu_memory_used_bytes: None,
+            kernel_cache: None,
+            kernels_compiled: None,
+            kernels_launched_per_step: None,
             median_sentences_per_s: 1.0,
             micro_batches: 1,
             model: "m".into(),
+            pad_multiple: 1,
             peak_rss_bytes: Some(1),
             phase_mean_seconds: phase_means(&[]),
             placement: "host".into(),

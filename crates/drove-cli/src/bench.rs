@@ -119,7 +119,9 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<()> {
         print!("{}", drove_ner::gpu::list_devices());
         return Ok(());
     }
-    let gpu = Gpu::open(args.device, drove_launch::LaunchEnv::from_env()?.local_rank)?;
+    // Launches are counted (cubecl's execution notes, no sync) for the report.
+    let local_rank = drove_launch::LaunchEnv::from_env()?.local_rank;
+    let gpu = Gpu::open_with(args.device, local_rank, &args.options.kernel_cache, true)?;
     if let Some(gpu) = &gpu {
         // Named at start, on stderr (the JSON stays alone on stdout).
         eprintln!("training on {}", gpu.describe());

@@ -142,11 +142,23 @@ enum BenchCommand {
 fn init_tracing(default: &str) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{default},wgpu_hal=off")));
-    tracing_subscriber::fmt()
+    let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .finish();
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    // The `log` records of the crates that use it (wgpu, cubecl) go to
+    // `tracing`, except cubecl's kernel-launch notes, which are counted.
+    if drove_ner::kernels::install_logger(|record| {
+        let _ = tracing_log::format_trace(record);
+    })
+    .is_ok()
+    {
+        use tracing_log::AsLog as _;
+        let level = tracing::level_filters::LevelFilter::current().as_log();
+        log::set_max_level(level.max(log::LevelFilter::Info));
+    }
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -102,6 +102,7 @@ impl NerArgs {
             timeline: opts.timeline.clone(),
             eval_sets: opts.eval_sets.iter().filter(|s| !s.is_empty()).cloned().collect(),
             micro_batches: self.device.micro_batches(opts.micro_batches),
+            pad_multiple: Some(self.device.pad_multiple(opts.pad_multiple)),
             placement: self.placement.unwrap_or(self.device.placement()),
             random_init: self.random_init || opts.random_init,
             ..opts.clone()
@@ -439,7 +440,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         opts.resume = true;
     }
     // Before joining the other ranks: a missing GPU fails at once.
-    let gpu = Gpu::open(args.device, launch.local_rank)?;
+    let gpu = Gpu::open_with(args.device, launch.local_rank, &opts.kernel_cache, false)?;
     // Rank 0 serves the coordinator where the launcher names a place for it.
     let mut launched = Launched::from_launch_env(launch)?;
     let rank = launched.rank();

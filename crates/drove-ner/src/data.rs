@@ -131,7 +131,7 @@ pub(crate) fn training_loader(
     // as the story's collate padded to max_length: naive seeding then gives every
     // rank the same pattern, as it did there.
     let collator = Arc::new(
-        Collator::new(special.pad, Padding::Longest { multiple_of: 1 }, masker)
+        Collator::new(special.pad, Padding::Longest { multiple_of: opts.pad_multiple.unwrap_or(1) }, masker)
             .with_stream_width(opts.max_len),
     );
     let train: Arc<[Example]> = data.train.clone().into();

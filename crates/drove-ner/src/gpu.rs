@@ -11,7 +11,8 @@
 //! panic). `CUDA_VISIBLE_DEVICES` is read here, where the device is opened.
 
 use drove_collective::{Collective, Elastic};
-use drove_train::gpu::DeviceChoice;
+use drove_train::gpu::{DeviceChoice, GradientPath};
+use drove_train::kernels::KernelCache;
 
 use crate::{NerError, NerOptions, NerSummary, Observer};
 
@@ -23,6 +24,7 @@ pub const BUILD_HINT: &str = "this drove was built without GPU support for that 
 /// A GPU opened for training (its checks passed).
 pub struct Gpu {
     opened: Opened,
+    kernels: drove_train::kernels::Configured,
 }
 
 enum Opened {
@@ -64,6 +66,25 @@ impl Gpu {
     /// it, unless `CUDA_VISIBLE_DEVICES` shows one CUDA GPU), or `None` for
     /// the CPU. `help` is an error holding the list of devices.
     pub fn open(choice: DeviceChoice, local_rank: usize) -> Result<Option<Gpu>, NerError> {
+        Gpu::open_with(choice, local_rank, &KernelCache::Default, false)
+    }
+
+    /// [`Gpu::open`] with the kernel cache in `cache` and, with
+    /// `count_launches`, every kernel launch counted
+    /// ([`drove_train::kernels::configure`]; the first GPU opened in a
+    /// process sets both).
+    pub fn open_with(
+        choice: DeviceChoice,
+        local_rank: usize,
+        cache: &KernelCache,
+        count_launches: bool,
+    ) -> Result<Option<Gpu>, NerError> {
+        let kernels = match choice {
+            DeviceChoice::Cuda(_) | DeviceChoice::Wgpu(_) => drove_train::kernels::configure(cache, count_launches)
+                .map_err(|reason| NerError::Device { device: choice, reason })?,
+            _ => drove_train::kernels::Configured { cache: None, counting: false },
+        };
+        let _ = &kernels;
         let unsupported =
             || NerError::Device { device: choice, reason: drove_train::TrainError::Gpu(BUILD_HINT.into()) };
         let _ = (local_rank, &unsupported);
@@ -82,7 +103,7 @@ impl Gpu {
                 let ordinal = drove_train::gpu::gpu_ordinal(n, local_rank, visible.as_deref());
                 let device = drove_train::cuda::open_gpu(ordinal)
                     .map_err(|reason| NerError::Device { device: choice, reason })?;
-                Ok(Some(Gpu { opened: Opened::Cuda { ordinal, device } }))
+                Ok(Some(Gpu { opened: Opened::Cuda { ordinal, device }, kernels }))
             }
             #[cfg(feature = "wgpu")]
             DeviceChoice::Wgpu(n) => {
@@ -95,11 +116,16 @@ impl Gpu {
                     }
                 };
                 let opened = drove_train::wgpu::open_adapter(index).map_err(device)?;
-                Ok(Some(Gpu { opened: Opened::Wgpu(opened) }))
+                Ok(Some(Gpu { opened: Opened::Wgpu(opened), kernels }))
             }
             #[allow(unreachable_patterns)]
             _ => Err(unsupported()),
         }
+    }
+
+    /// The kernel cache and launch counting it was opened with.
+    pub fn kernels(&self) -> &drove_train::kernels::Configured {
+        &self.kernels
     }
 
     /// The GPU, by its number (`cuda:N`, `wgpu:N`).
@@ -148,24 +174,7 @@ impl Gpu {
             #[cfg(feature = "cuda")]
             Opened::Cuda { ordinal, ref device } => {
                 use drove_train::cuda::Cuda;
-                type Reducer = Box<dyn drove_train::device::BucketAllReduce<Cuda>>;
-                #[cfg(feature = "nccl")]
-                let reducer: Option<Reducer> = drove_train::cuda::gradient_reducer(
-                    comm,
-                    ordinal,
-                    device.clone(),
-                    drove_nccl::DeviceOptions::default(),
-                )?
-                .map(|buckets| {
-                    let by = buckets.describe();
-                    observer.note(&format!("rank {}: gradient all-reduce by {by}", comm.rank()));
-                    Box::new(buckets) as Reducer
-                });
-                #[cfg(not(feature = "nccl"))]
-                let reducer: Option<Reducer> = {
-                    let _ = ordinal;
-                    None
-                };
+                let reducer = cuda_reducer(opts.gradient_path, ordinal, device, comm, observer)?;
                 crate::train_ner_with::<crate::backend::Autodiff<Cuda>>(opts, comm, observer, device, reducer)
             }
             #[cfg(feature = "wgpu")]
@@ -189,6 +198,12 @@ impl Gpu {
         #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
         let _ = (opts, comm, observer);
         match self.opened {
+            #[cfg(feature = "cuda")]
+            Opened::Cuda { .. } if opts.gradient_path == GradientPath::Nccl => Err(NerError::Options(
+                "--gradient-path nccl: an elastic run stages its gradients through the host (a re-formed \
+                 world would need a new NCCL communicator); leave the flag out or give host"
+                    .into(),
+            )),
             #[cfg(feature = "cuda")]
             Opened::Cuda { ref device, .. } => crate::train_ner_elastic::<
                 crate::backend::Autodiff<drove_train::cuda::Cuda>,
@@ -244,6 +259,63 @@ impl Gpu {
                 .map_err(|reason| NerError::Device { device: self.device(), reason }),
             #[cfg(feature = "wgpu")]
             Opened::Wgpu(_) => Ok(None),
+        }
+    }
+}
+
+/// The gradient all-reduce of a CUDA run in a fixed world, by `path`: NCCL
+/// in device memory, or `None` (host staging through `comm`). `auto` takes
+/// NCCL unless ranks share a GPU (NCCL before 2.30 refuses them), and says
+/// which it took; alone, a rank has nothing to reduce.
+#[cfg(feature = "cuda")]
+fn cuda_reducer(
+    path: GradientPath,
+    ordinal: usize,
+    device: &drove_train::cuda::CudaDevice,
+    comm: &dyn Collective,
+    observer: &mut dyn Observer,
+) -> Result<Option<Box<dyn drove_train::device::BucketAllReduce<drove_train::cuda::Cuda>>>, NerError> {
+    if comm.world_size() < 2 || path == GradientPath::Host {
+        if comm.world_size() > 1 && comm.rank() == 0 {
+            observer.note("gradient all-reduce staged through the host (--gradient-path host)");
+        }
+        return Ok(None);
+    }
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let identity = drove_train::gpu::gpu_identity(ordinal, visible.as_deref());
+    let shared = drove_train::gpu::ranks_sharing_gpus(comm, &identity)?;
+    if path == GradientPath::Auto && !shared.is_empty() {
+        if comm.rank() == 0 {
+            observer.note(&format!(
+                "gradient all-reduce staged through the host: ranks {shared:?} share a GPU, which NCCL \
+                 before 2.30 refuses (--gradient-path nccl to try it anyway)"
+            ));
+        }
+        return Ok(None);
+    }
+    #[cfg(feature = "nccl")]
+    {
+        let buckets = drove_train::cuda::gradient_reducer(
+            comm,
+            ordinal,
+            device.clone(),
+            drove_nccl::DeviceOptions::default(),
+        )?;
+        Ok(buckets.map(|buckets| {
+            let by = buckets.describe();
+            observer.note(&format!("rank {}: gradient all-reduce by {by}", comm.rank()));
+            Box::new(buckets) as Box<dyn drove_train::device::BucketAllReduce<drove_train::cuda::Cuda>>
+        }))
+    }
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = device;
+        match path {
+            GradientPath::Nccl => Err(NerError::Options(
+                "--gradient-path nccl: this drove was built without NCCL (build it with --features cuda,nccl)"
+                    .into(),
+            )),
+            _ => Ok(None),
         }
     }
 }

@@ -75,6 +75,7 @@ pub mod backend {
 pub use data::NerData;
 pub use drove_train::Placement;
 pub use drove_train::gpu::DeviceChoice;
+pub use drove_train::kernels;
 pub use error::NerError;
 pub use eval::EvalReport;
 pub use fit::{train_ner, train_ner_elastic, train_ner_with};

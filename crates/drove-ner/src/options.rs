@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use crate::flags;
 use drove_collate::MaskSeeding;
 use drove_train::flat::AdamWSettings;
+use drove_train::gpu::GradientPath;
+use drove_train::kernels::KernelCache;
 use drove_train::micro::MicroBatches;
 use drove_train::schedule::LrScaling;
 use drove_train::{LossReduction, Placement, ReplicaOptions, Schedule};
@@ -159,6 +161,33 @@ pub struct NerOptions {
     #[serde(default)]
     #[cfg_attr(feature = "clap", arg(skip))]
     pub placement: Placement,
+    /// Pad each batch's length up to a multiple of N, so that a GPU run
+    /// compiles kernels for a few shapes once instead of one set per length
+    /// (1: pad to the longest row only). No default here: the command takes
+    /// the device's own ([`drove_train::gpu::DeviceChoice::pad_multiple`]).
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            value_name = "N",
+            value_parser = |s: &str| flags::at_least(s, 1, "--pad-multiple", ""),
+            help = "Pad each batch's length up to a multiple of N: a GPU then compiles kernels for a few \
+                shapes once, not for every length [default: 16 on a GPU, 1 on the CPU]"
+        )
+    )]
+    pub pad_multiple: Option<usize>,
+    /// How a GPU run averages its gradients: auto (NCCL in device memory,
+    /// unless ranks share a GPU: then through the host), nccl, or host.
+    #[serde(default)]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "auto|nccl|host", default_value = "auto"))]
+    pub gradient_path: GradientPath,
+    /// Where a GPU run keeps its compiled kernels and autotune results
+    /// between runs: a folder, `default` ($DROVE_KERNEL_CACHE, else
+    /// ~/.cache/drove/kernels), or `off`.
+    #[serde(default)]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR|default|off", default_value = "default"))]
+    pub kernel_cache: KernelCache,
     /// Dropout for every layer, overriding config.json (0 for exact comparisons).
     #[cfg_attr(feature = "clap", arg(long, value_name = "P", allow_negative_numbers = true,
         value_parser = |s: &str| flags::fraction(s, "--dropout")))]
@@ -243,6 +272,9 @@ impl Default for NerOptions {
             micro_batches: 0,
             placement: Placement::Host,
             bucket_window: None,
+            pad_multiple: None,
+            gradient_path: GradientPath::Auto,
+            kernel_cache: KernelCache::Default,
             dropout: None,
             resume: false,
             max_steps: None,

@@ -72,6 +72,18 @@ impl DeviceChoice {
         }
     }
 
+    /// What a batch's length is padded up to a multiple of, unless asked: 16
+    /// on a GPU (a run then compiles kernels for at most 8 lengths of 128
+    /// tokens, instead of up to 128), 1 on the CPU (its kernels are not
+    /// compiled per shape; padding would only add work).
+    pub fn pad_multiple(self, asked: Option<usize>) -> usize {
+        match (asked, self) {
+            (Some(n), _) => n.max(1),
+            (None, DeviceChoice::Cuda(_) | DeviceChoice::Wgpu(_)) => 16,
+            (None, _) => 1,
+        }
+    }
+
     /// The micro-batches to run for `asked` on this device: as asked, except
     /// that on a GPU "one per thread" (0) means one, since the GPU runs the
     /// whole batch and splitting it across CPU threads would only cut the
@@ -82,6 +94,92 @@ impl DeviceChoice {
             (n, _) => n,
         }
     }
+}
+
+/// How a GPU run's gradient buckets are averaged across ranks:
+/// `--gradient-path`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GradientPath {
+    /// NCCL in device memory, unless ranks share a GPU (NCCL before 2.30
+    /// refuses two ranks on one device): then staged through the host, as
+    /// Horovod falls back to host collectives.
+    #[default]
+    Auto,
+    /// NCCL in device memory (CUDA with feature `nccl`).
+    Nccl,
+    /// Copied to the host, averaged by the `Collective`, copied back.
+    Host,
+}
+
+impl FromStr for GradientPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(GradientPath::Auto),
+            "nccl" => Ok(GradientPath::Nccl),
+            "host" => Ok(GradientPath::Host),
+            other => Err(format!("unknown gradient path {other:?}: expected auto, nccl or host")),
+        }
+    }
+}
+
+impl fmt::Display for GradientPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GradientPath::Auto => "auto",
+            GradientPath::Nccl => "nccl",
+            GradientPath::Host => "host",
+        })
+    }
+}
+
+/// The GPU a rank uses, named so that ranks can tell whether they share one:
+/// this host's name and the GPU's number among all of the host's
+/// (`CUDA_VISIBLE_DEVICES` maps `ordinal` back when it lists numbers).
+pub fn gpu_identity(ordinal: usize, visible_devices: Option<&str>) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into());
+    let listed: Vec<&str> =
+        visible_devices.map(|v| v.split(',').map(str::trim).filter(|d| !d.is_empty()).collect()).unwrap_or_default();
+    match listed.get(ordinal) {
+        Some(physical) => format!("{host}/{physical}"),
+        None => format!("{host}/{ordinal}"),
+    }
+}
+
+/// The groups of ranks (more than one each) whose `identity` is the same, in
+/// rank order, from every rank's identity.
+pub fn sharing_groups(identities: &[u64]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (rank, id) in identities.iter().enumerate() {
+        match groups.iter_mut().find(|g| identities[g[0]] == *id) {
+            Some(group) => group.push(rank),
+            None => groups.push(vec![rank]),
+        }
+    }
+    groups.retain(|g| g.len() > 1);
+    groups
+}
+
+/// Which ranks of `comm` share a GPU with another (`identity` from
+/// [`gpu_identity`]), gathered over the host collective.
+pub fn ranks_sharing_gpus(
+    comm: &dyn drove_collective::Collective,
+    identity: &str,
+) -> Result<Vec<Vec<usize>>, crate::TrainError> {
+    use drove_collective::Element;
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    identity.hash(&mut hasher);
+    let mine = [hasher.finish() as i64];
+    let gathered =
+        comm.all_gather("gpu.identity", &[1], i64::tensor_ref(&mine))?;
+    let drove_collective::Buffer::I64(all) = gathered.data else {
+        return Err(crate::TrainError::Options("gpu.identity: gathered other than i64".into()));
+    };
+    Ok(sharing_groups(&all.iter().map(|&v| v as u64).collect::<Vec<_>>()))
 }
 
 /// The GPU number a rank opens for `cuda[:N]`.
@@ -139,6 +237,20 @@ mod tests {
         assert_eq!(adapter_for_local_rank(2, 1), 0);
         assert_eq!(adapter_for_local_rank(3, 2), 1);
         assert_eq!(adapter_for_local_rank(0, 0), 0);
+    }
+
+    #[test]
+    fn gradient_paths_parse_and_ranks_sharing_a_gpu_are_grouped() {
+        for s in ["auto", "nccl", "host"] {
+            assert_eq!(s.parse::<GradientPath>().unwrap().to_string(), s);
+        }
+        assert!("gloo".parse::<GradientPath>().unwrap_err().contains("expected auto, nccl or host"));
+        assert_eq!(sharing_groups(&[7, 7, 7, 7]), vec![vec![0, 1, 2, 3]]);
+        assert_eq!(sharing_groups(&[1, 2, 1, 3, 2]), vec![vec![0, 2], vec![1, 4]]);
+        assert!(sharing_groups(&[1, 2, 3]).is_empty());
+        let host = gpu_identity(0, None);
+        assert_eq!(gpu_identity(1, Some("4,5")), format!("{}5", &host[..host.len() - 1]));
+        assert_eq!(gpu_identity(0, Some("")), host, "an empty list maps nothing");
     }
 
     #[test]

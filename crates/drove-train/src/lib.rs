@@ -34,6 +34,7 @@ mod error;
 mod exchange;
 pub mod flat;
 pub mod gpu;
+pub mod kernels;
 pub mod micro;
 mod phase;
 mod placement;

@@ -1,7 +1,8 @@
-//! The CUDA backend (feature `cuda`): burn-cubecl over cubecl-cuda, without
-//! fusion or autotune (`CubeBackend<CudaRuntime>`, whose tensors' device memory can be reached),
-//! a check that the libraries it loads at run time are there, the device
-//! memory of a tensor ([`device_memory`]), and (feature `nccl`)
+//! The CUDA backend (feature `cuda`): burn's operation fusion over
+//! burn-cubecl over cubecl-cuda ([`Cuda`]; autotune with feature `autotune`),
+//! the kernel cache kept on disk between runs ([`crate::kernels`]), a check
+//! that the libraries it loads at run time are there, the device memory of a
+//! tensor ([`device_memory`], through fusion to the cubecl tensor), and (feature `nccl`)
 //! [`NcclBuckets`], the in-place device all-reduce of gradient buckets, with
 //! [`check_in_place`], the GPU check's proof that it reduces the bytes it
 //! should.
@@ -13,12 +14,19 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 use burn_cubecl::CubeBackend;
+use burn_cubecl::tensor::CubeTensor;
+use burn_fusion::{Fusion, FusionTensor, NoOp};
 use cubecl::cuda::CudaRuntime;
 
 use crate::TrainError;
 
-/// burn's CUDA backend without fusion: f32 floats, i32 ints, u8 bools.
-pub type Cuda = CubeBackend<CudaRuntime, f32, i32, u8>;
+/// burn's CUDA backend under fusion: f32 floats, i32 ints, u8 bools. Chains
+/// of element-wise operations (AdamW's, GELU's, LayerNorm's) run as one
+/// kernel each, which at batch 32 decides the speed: a step is launch-bound.
+pub type Cuda = Fusion<CudaCube>;
+/// The cubecl backend [`Cuda`] fuses over, whose tensors' device memory can
+/// be reached.
+pub type CudaCube = CubeBackend<CudaRuntime, f32, i32, u8>;
 /// A GPU as burn names it.
 pub use cubecl::cuda::CudaDevice;
 
@@ -120,11 +128,13 @@ pub struct DeviceMemory {
 /// caller syncs (see [`sync`]) before other work touches it.
 pub fn device_memory(tensor: Tensor<Cuda, 1>) -> Result<DeviceMemory, TrainError> {
     let len = tensor.dims()[0];
-    let mut prim = tensor.into_primitive().tensor();
+    let fused = tensor.into_primitive().tensor();
+    // Runs the fused work the tensor waits on, then hands its cubecl tensor over.
+    let mut prim: CubeTensor<CudaRuntime> = fused.client.clone().resolve_tensor_float::<CudaCube>(fused);
     let mut access = Access::InPlace;
     if !prim.can_mut() {
         // Shared with another tensor: writing in place would change it too.
-        let copy = Tensor::<Cuda, 1>::from_primitive(TensorPrimitive::Float(prim)).mul_scalar(1.0);
+        let copy = Tensor::<CudaCube, 1>::from_primitive(TensorPrimitive::Float(prim)).mul_scalar(1.0);
         prim = copy.into_primitive().tensor();
         access = Access::CopiedShared;
     }
@@ -140,8 +150,22 @@ pub fn device_memory(tensor: Tensor<Cuda, 1>) -> Result<DeviceMemory, TrainError
         .get_resource(prim.handle.clone())
         .map_err(|e| TrainError::Gpu(format!("reading a tensor's device address: {e:?}")))?;
     let ptr = resource.resource().ptr;
-    let tensor = Tensor::from_primitive(TensorPrimitive::Float(prim));
+    let tensor = Tensor::from_primitive(TensorPrimitive::Float(into_fusion(prim)));
     Ok(DeviceMemory { tensor, ptr, len, offset_bytes, access })
+}
+
+/// A cubecl tensor handed to burn's fusion as a tensor of [`Cuda`] (as
+/// `Fusion::float_from_data` registers a new one): the same device memory.
+fn into_fusion(prim: CubeTensor<CudaRuntime>) -> FusionTensor<burn_cubecl::fusion::FusionCubeRuntime<CudaRuntime>> {
+    use burn::tensor::TensorMetadata;
+    use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
+    let client = burn_fusion::get_client::<CudaCube>(&prim.device);
+    let (shape, dtype) = (prim.shape(), prim.dtype());
+    let handle = <CudaCube as burn_ir::BackendIr>::float_tensor_handle(prim);
+    let desc = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
+    client
+        .register(burn_fusion::stream::OperationStreams::default(), OperationIr::Init(desc), NoOp::<CudaCube>::new())
+        .output()
 }
 
 /// Bytes of memory in use on GPU `ordinal` (every process's), from the
