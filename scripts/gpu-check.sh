@@ -18,9 +18,9 @@ prepare)
     cd "$(dirname "${BASH_SOURCE[0]}")/.."
     pack=${2:-target/gpu-check/pack}
     limit=$((64 * 1024 * 1024))
-    echo "gpu-check: building drove with cuda,nccl,autotune for CUDA 13.0 (CUDARC_CUDA_VERSION=13000)" >&2
+    echo "gpu-check: building drove with cuda,nccl for CUDA 13.0 (CUDARC_CUDA_VERSION=13000)" >&2
     CUDARC_CUDA_VERSION=13000 CARGO_TARGET_DIR=target/gpu-check \
-        cargo build --release --locked -p drove-cli --bin drove --features cuda,nccl,autotune
+        cargo build --release --locked -p drove-cli --bin drove --features cuda,nccl
     bin=target/gpu-check/release/drove
     [ -f assets/minilm/model.safetensors ] || bash scripts/fetch-assets.sh
     rm -rf "$pack"

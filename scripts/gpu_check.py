@@ -794,8 +794,11 @@ def main():
     def measured(key, label, cmd):
         """Runs `cmd` under its phase's deadline with the GPU memory sampled;
         records its JSON under `key`."""
+        # Each step on stderr, so that a run cut at its deadline still says
+        # how far it got and what its steps took.
+        logged = {**env, "RUST_LOG": "info,drove_bench=debug,wgpu_hal=off"}
         with GpuMemory() as mem:
-            value = run_json(report, label, cmd, env, deadline(key))
+            value = run_json(report, label, cmd, logged, deadline(key))
         if value:
             value["gpu_memory_sampled"] = mem.result()
         report.set(key, value)

@@ -104,8 +104,14 @@ pub trait Trainer {
     }
 
     /// Kernels launched so far in this process, where they are counted (a
-    /// GPU opened with `count_launches`).
+    /// GPU opened with counting on).
     fn kernels_launched(&self) -> Option<u64> {
+        None
+    }
+
+    /// Kernels compiled so far in this process, where they are counted
+    /// apart from the kernel cache (wgpu).
+    fn kernels_compiled(&self) -> Option<u64> {
         None
     }
 
@@ -152,7 +158,11 @@ impl Trainer for drove_ner::Gpu {
     }
 
     fn kernels_launched(&self) -> Option<u64> {
-        self.kernels().counting.then(drove_train::kernels::launched)
+        self.kernels().counting.launches.then(drove_train::kernels::launched)
+    }
+
+    fn kernels_compiled(&self) -> Option<u64> {
+        self.kernels().counting.compiles.then(drove_train::kernels::compiled)
     }
 
     fn kernel_cache(&self) -> Option<PathBuf> {
@@ -181,8 +191,8 @@ pub struct TrainReport {
     pub gpu_memory_used_bytes: Option<u64>,
     /// The kernel cache folder, if any.
     pub kernel_cache: Option<String>,
-    /// Kernels compiled in this run (entries the kernel cache gained; `None`
-    /// without a cache).
+    /// Kernels compiled in this run (wgpu: counted as compiled; CUDA: the
+    /// entries its PTX cache gained; `None` where neither tells).
     pub kernels_compiled: Option<u64>,
     /// Kernels launched per step, on average over every step (warm-up
     /// included), where the device counts them.
@@ -237,6 +247,14 @@ struct Timer {
 
 impl Observer for Timer {
     fn step(&mut self, r: &StepReport) {
+        // RUST_LOG=drove_bench=debug shows each step (where a first step's
+        // compiling and autotuning goes, on a GPU).
+        tracing::debug!(
+            step = r.step,
+            seconds = step_seconds(&r.phases),
+            sentences_per_s = r.sentences_per_s,
+            "step"
+        );
         self.steps.push((r.sentences_per_s, r.tokens_per_s));
         self.phases.push(r.phases);
     }
@@ -294,6 +312,7 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
     let cache = trainer.kernel_cache();
     let cached_before = cache.as_deref().map(drove_train::kernels::cached_kernels);
     let launched_before = trainer.kernels_launched();
+    let compiled_before = trainer.kernels_compiled();
     let opts = NerOptions {
         data: o.data.clone(),
         model: o.model.clone(),
@@ -320,10 +339,15 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
     let kernels_launched_per_step = launched_before
         .zip(settled(|| trainer.kernels_launched()))
         .map(|(before, after)| after.saturating_sub(before) as f64 / steps_run);
-    let kernels_compiled = cache
-        .as_deref()
-        .zip(cached_before)
-        .map(|(dir, before)| drove_train::kernels::cached_kernels(dir).saturating_sub(before));
+    // Counted as compiled where the device says (wgpu), else as the entries
+    // the kernel cache gained (CUDA's PTX cache).
+    let kernels_compiled = match compiled_before.zip(trainer.kernels_compiled()) {
+        Some((before, after)) => Some(after.saturating_sub(before)),
+        None => cache
+            .as_deref()
+            .zip(cached_before)
+            .map(|(dir, before)| drove_train::kernels::cached_kernels(dir).saturating_sub(before)),
+    };
     let skip = o.warmup_steps.min(timer.steps.len() as u64) as usize;
     let timed = &timer.steps[skip..];
     // Harmonic means: total work over total time.

@@ -69,20 +69,25 @@ impl Gpu {
         Gpu::open_with(choice, local_rank, &KernelCache::Default, false)
     }
 
-    /// [`Gpu::open`] with the kernel cache in `cache` and, with
-    /// `count_launches`, every kernel launch counted
+    /// [`Gpu::open`] with the kernel cache in `cache` and, with `count`,
+    /// every kernel launched and compiled counted
     /// ([`drove_train::kernels::configure`]; the first GPU opened in a
-    /// process sets both).
+    /// process sets both). CUDA's compiles are counted from its kernel cache
+    /// instead (see [`drove_train::kernels::Counting`]).
     pub fn open_with(
         choice: DeviceChoice,
         local_rank: usize,
         cache: &KernelCache,
-        count_launches: bool,
+        count: bool,
     ) -> Result<Option<Gpu>, NerError> {
+        let counting = drove_train::kernels::Counting {
+            launches: count,
+            compiles: count && matches!(choice, DeviceChoice::Wgpu(_)),
+        };
         let kernels = match choice {
-            DeviceChoice::Cuda(_) | DeviceChoice::Wgpu(_) => drove_train::kernels::configure(cache, count_launches)
+            DeviceChoice::Cuda(_) | DeviceChoice::Wgpu(_) => drove_train::kernels::configure(cache, counting)
                 .map_err(|reason| NerError::Device { device: choice, reason })?,
-            _ => drove_train::kernels::Configured { cache: None, counting: false },
+            _ => drove_train::kernels::Configured { cache: None, counting: Default::default() },
         };
         let _ = &kernels;
         let unsupported =

@@ -1,6 +1,6 @@
 //! cubecl's kernels on a GPU: where the compiled kernels and the autotune
 //! results are kept between runs ([`KernelCache`]), and how many kernels a run
-//! launches ([`launched`]) and compiles ([`cached_kernels`]).
+//! launches ([`launched`]) and compiles ([`compiled`], [`cached_kernels`]).
 //!
 //! Without a cache every run compiles each of its kernels again through NVRTC
 //! (or the WGSL compiler), which made a first step on an H200 take 8-11 s.
@@ -76,22 +76,33 @@ pub fn default_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|d| d.join(".cache").join("drove").join("kernels")))
 }
 
+/// What [`configure`] counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counting {
+    /// Every kernel launched (cubecl's execution notes: no timing, no sync).
+    pub launches: bool,
+    /// Every kernel compiled (cubecl's compilation notes). CUDA's compiles
+    /// are better counted from its PTX cache ([`cached_kernels`]): with
+    /// compilation notes on, cubecl-cuda also adds debug information and
+    /// tries `clang-format` on each kernel's source.
+    pub compiles: bool,
+}
+
 /// What [`configure`] set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Configured {
     /// The cache folder, if any.
     pub cache: Option<PathBuf>,
-    /// Whether kernel launches are counted.
-    pub counting: bool,
+    /// What is counted.
+    pub counting: Counting,
 }
 
 /// Sets cubecl's process-wide configuration: the kernel cache in `cache`
-/// (created if missing) and, with `count_launches`, its execution log (one
-/// `log` record per kernel launched, no timing, no sync). Call it before a
-/// GPU is opened; a second call in the same process keeps the first
-/// configuration and says so in its result. A build without GPU features
-/// only resolves the folder.
-pub fn configure(cache: &KernelCache, count_launches: bool) -> Result<Configured, TrainError> {
+/// (created if missing) and what `counting` asks for (one `log` record per
+/// kernel launched or compiled). Call it before a GPU is opened; a second
+/// call in the same process keeps the first configuration and says so in its
+/// result. A build without GPU features only resolves the folder.
+pub fn configure(cache: &KernelCache, counting: Counting) -> Result<Configured, TrainError> {
     let dir = cache.dir();
     if let Some(dir) = &dir {
         std::fs::create_dir_all(dir).map_err(|e| {
@@ -112,10 +123,16 @@ pub fn configure(cache: &KernelCache, count_launches: bool) -> Result<Configured
                     Some(cubecl::config::cache::CacheConfig::File(dir)) => Some(dir.clone()),
                     _ => None,
                 },
-                counting: !matches!(
-                    set.profiling.logger.level,
-                    cubecl::config::profiling::ProfilingLogLevel::Disabled
-                ),
+                counting: Counting {
+                    launches: !matches!(
+                        set.profiling.logger.level,
+                        cubecl::config::profiling::ProfilingLogLevel::Disabled
+                    ),
+                    compiles: !matches!(
+                        set.compilation.logger.level,
+                        cubecl::config::compilation::CompilationLogLevel::Disabled
+                    ),
+                },
             });
         }
         // The configuration cubecl would load itself (cubecl.toml, its
@@ -125,33 +142,48 @@ pub fn configure(cache: &KernelCache, count_launches: bool) -> Result<Configured
             config.compilation.cache = Some(cubecl::config::cache::CacheConfig::File(dir.clone()));
             config.autotune.cache = cubecl::config::cache::CacheConfig::File(dir.clone());
         }
-        if count_launches {
+        // `log::info!` records (cubecl's default level for the `log` sink).
+        if counting.launches {
             config.profiling.logger.level = cubecl::config::profiling::ProfilingLogLevel::Minimal;
-            // `log::info!` records (cubecl's default level for the `log` sink).
             config.profiling.logger.log = Some(Default::default());
         }
+        if counting.compiles {
+            config.compilation.logger.level = cubecl::config::compilation::CompilationLogLevel::Basic;
+            config.compilation.logger.log = Some(Default::default());
+        }
         *storage = Some(std::sync::Arc::new(config));
+        Ok(Configured { cache: dir, counting })
     }
-    Ok(Configured { cache: dir, counting: count_launches && cfg!(any(feature = "cuda", feature = "wgpu")) })
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    {
+        let _ = counting;
+        Ok(Configured { cache: dir, counting: Counting::default() })
+    }
 }
 
 static LAUNCHED: AtomicU64 = AtomicU64::new(0);
+static COMPILED: AtomicU64 = AtomicU64::new(0);
 
-/// Counts `record` when it is cubecl's note of a kernel launch (see
-/// [`configure`]); returns whether it was one, so that the caller passes the
-/// others on to its own logging.
+/// Counts `record` when it is cubecl's note of a kernel launched or compiled
+/// (see [`configure`]); returns whether it was one, so that the caller passes
+/// the others on to its own logging.
 pub fn count_record(record: &log::Record<'_>) -> bool {
     if !record.target().starts_with("cubecl") {
         return false;
     }
-    let launched = match record.args().as_str() {
-        Some(text) => text.starts_with("Executing "),
-        None => record.args().to_string().starts_with("Executing "),
+    let text = match record.args().as_str() {
+        Some(text) => std::borrow::Cow::Borrowed(text),
+        None => std::borrow::Cow::Owned(record.args().to_string()),
     };
-    if launched {
-        LAUNCHED.fetch_add(1, Ordering::Relaxed);
-    }
-    launched
+    let counter = if text.starts_with("Executing ") {
+        &LAUNCHED
+    } else if text.starts_with("[Compiling kernel]") {
+        &COMPILED
+    } else {
+        return false;
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    true
 }
 
 /// Kernels launched so far in this process, as counted by [`count_record`].
@@ -159,12 +191,17 @@ pub fn launched() -> u64 {
     LAUNCHED.load(Ordering::Relaxed)
 }
 
+/// Kernels compiled so far in this process, as counted by [`count_record`].
+pub fn compiled() -> u64 {
+    COMPILED.load(Ordering::Relaxed)
+}
+
 /// Installs the process's `log` logger: cubecl's launch notes are counted,
 /// every other record goes to `forward` (the binary's bridge to `tracing`).
 /// Fails when another logger is already installed.
 pub fn install_logger(forward: fn(&log::Record<'_>)) -> Result<(), TrainError> {
-    struct Counting(fn(&log::Record<'_>));
-    impl log::Log for Counting {
+    struct Counter(fn(&log::Record<'_>));
+    impl log::Log for Counter {
         fn enabled(&self, _: &log::Metadata<'_>) -> bool {
             true
         }
@@ -175,12 +212,13 @@ pub fn install_logger(forward: fn(&log::Record<'_>)) -> Result<(), TrainError> {
         }
         fn flush(&self) {}
     }
-    log::set_boxed_logger(Box::new(Counting(forward)))
+    log::set_boxed_logger(Box::new(Counter(forward)))
         .map_err(|e| TrainError::Options(format!("installing the kernel launch counter: {e}")))
 }
 
-/// Entries in the cache folder's compiled-kernel files: one line each
-/// (cubecl's cache files are append-only, one entry a line).
+/// Kernels in the cache folder's compiled-kernel caches: the lines of their
+/// tables of contents (cubecl's compilation cache keeps one JSON line per
+/// kernel in a `toc` file beside binary chunks; autotune's caches are left out).
 pub fn cached_kernels(dir: &Path) -> u64 {
     fn walk(dir: &Path, total: &mut u64) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -200,11 +238,10 @@ pub fn cached_kernels(dir: &Path) -> u64 {
     total
 }
 
-/// Whether `path` is one of cubecl's compiled-kernel caches (PTX for CUDA,
-/// the WGSL pipelines for wgpu), not an autotune one.
+/// Whether `path` is the table of contents of a compiled-kernel cache.
 fn is_kernel_file(path: &Path) -> bool {
-    let text = path.to_string_lossy();
-    !text.contains("autotune") && (text.contains("ptx") || text.contains("wgsl") || text.contains("spirv"))
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    name.starts_with("toc") && !path.to_string_lossy().contains("autotune")
 }
 
 #[cfg(test)]
@@ -227,19 +264,23 @@ mod tests {
         let note = |target: &str, text: &str| {
             count_record(&log::Record::builder().target(target).args(format_args!("{text}")).build())
         };
+        let compiled_before = compiled();
         assert!(note("cubecl_common::config::logger", "Executing fused_kernel<f32>"));
+        assert!(note("cubecl_common::config::logger", "[Compiling kernel] elemwise"));
         assert!(!note("cubecl_common::config::logger", "| 1.2ms | matmul"));
         assert!(!note("wgpu_core::device", "Executing something"));
         assert_eq!(launched() - before, 1);
+        assert_eq!(compiled() - compiled_before, 1);
     }
 
     #[test]
     fn cached_kernels_counts_lines_of_kernel_files_only() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("cuda/ptx")).unwrap();
-        std::fs::write(dir.path().join("cuda/ptx/cache.json.log"), "a\nb\nc\n").unwrap();
+        std::fs::create_dir_all(dir.path().join("cuda/0.10.0/ptx")).unwrap();
+        std::fs::write(dir.path().join("cuda/0.10.0/ptx/toc.json.log"), "a\nb\nc\n").unwrap();
+        std::fs::write(dir.path().join("cuda/0.10.0/ptx/chunk0.cbor"), "\n\n\n\n").unwrap();
         std::fs::create_dir_all(dir.path().join("autotune")).unwrap();
-        std::fs::write(dir.path().join("autotune/ptx.json.log"), "x\n").unwrap();
+        std::fs::write(dir.path().join("autotune/toc.json.log"), "x\n").unwrap();
         assert_eq!(cached_kernels(dir.path()), 3);
     }
 }
