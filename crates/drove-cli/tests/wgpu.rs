@@ -185,6 +185,35 @@ fn assert_clear_error((code, text): (Option<i32>, String), what: &[&str]) {
     }
 }
 
+/// Kernels one training step of the tiny model launched on lavapipe, as
+/// `drove bench train --device wgpu` counted them at issue 37 (BENCHMARKS.md:
+/// the clip and AdamW over one flat buffer). Before, with both per
+/// parameter, a step launched about twice as many.
+const LAUNCHES_PER_STEP: f64 = 629.0;
+
+#[test]
+fn a_training_step_launches_no_more_kernels_than_recorded() {
+    let Some(manifest) = or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = drove(&manifest, &runtime_dir(dir.path()));
+    cmd.args(["bench", "train", "--device", "wgpu", "--json", "--batch-size", "2", "--steps", "2"]);
+    cmd.args(["--warmup-steps", "1", "--bucket-window", "0", "--random-init", "--kernel-cache", "off"]);
+    cmd.arg("--data").arg(common::assets().join("conll2003"));
+    cmd.arg("--model").arg(common::tiny_model(dir.path()));
+    let (status, out, err) = Proc::spawn(&mut cmd).finish(DEADLINE);
+    assert!(status.success(), "{status}\n{err}");
+    let json = out.iter().find(|l| l.starts_with('{')).expect("the report's JSON line");
+    let report: serde_json::Value = serde_json::from_str(json).expect("one JSON object");
+    let launched = report["kernels_launched_per_step"].as_f64().expect("launches counted on wgpu");
+    let compiled = report["kernels_compiled"].as_u64().expect("compiles counted on wgpu");
+    eprintln!("{launched} kernels launched a step, {compiled} compiled");
+    assert!(launched > 0.0 && compiled > 0, "nothing counted: {report}");
+    assert!(
+        launched <= LAUNCHES_PER_STEP * 1.1,
+        "a step launched {launched} kernels, over the {LAUNCHES_PER_STEP} recorded (+10%)"
+    );
+}
+
 #[test]
 fn bad_devices_are_clear_errors_and_help_lists_the_adapters() {
     let Some(manifest) = or_skip() else { return };

@@ -11,7 +11,9 @@
 //! panic). `CUDA_VISIBLE_DEVICES` is read here, where the device is opened.
 
 use drove_collective::{Collective, Elastic};
-use drove_train::gpu::{DeviceChoice, GradientPath};
+use drove_train::gpu::DeviceChoice;
+#[cfg(feature = "cuda")]
+use drove_train::gpu::GradientPath;
 use drove_train::kernels::KernelCache;
 
 use crate::{NerError, NerOptions, NerSummary, Observer};

@@ -141,8 +141,9 @@ pub fn gpu_identity(ordinal: usize, visible_devices: Option<&str>) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "localhost".into());
-    let listed: Vec<&str> =
-        visible_devices.map(|v| v.split(',').map(str::trim).filter(|d| !d.is_empty()).collect()).unwrap_or_default();
+    let listed: Vec<&str> = visible_devices
+        .map(|v| v.split(',').map(str::trim).filter(|d| !d.is_empty()).collect())
+        .unwrap_or_default();
     match listed.get(ordinal) {
         Some(physical) => format!("{host}/{physical}"),
         None => format!("{host}/{ordinal}"),
@@ -174,8 +175,7 @@ pub fn ranks_sharing_gpus(
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     identity.hash(&mut hasher);
     let mine = [hasher.finish() as i64];
-    let gathered =
-        comm.all_gather("gpu.identity", &[1], i64::tensor_ref(&mine))?;
+    let gathered = comm.all_gather("gpu.identity", &[1], i64::tensor_ref(&mine))?;
     let drove_collective::Buffer::I64(all) = gathered.data else {
         return Err(crate::TrainError::Options("gpu.identity: gathered other than i64".into()));
     };

@@ -226,10 +226,10 @@ pub fn cached_kernels(dir: &Path) -> u64 {
             let path = entry.path();
             if path.is_dir() {
                 walk(&path, total);
-            } else if is_kernel_file(&path) {
-                if let Ok(bytes) = std::fs::read(&path) {
-                    *total += bytes.iter().filter(|&&b| b == b'\n').count() as u64;
-                }
+            } else if is_kernel_file(&path)
+                && let Ok(bytes) = std::fs::read(&path)
+            {
+                *total += bytes.iter().filter(|&&b| b == b'\n').count() as u64;
             }
         }
     }

@@ -156,7 +156,9 @@ pub fn device_memory(tensor: Tensor<Cuda, 1>) -> Result<DeviceMemory, TrainError
 
 /// A cubecl tensor handed to burn's fusion as a tensor of [`Cuda`] (as
 /// `Fusion::float_from_data` registers a new one): the same device memory.
-fn into_fusion(prim: CubeTensor<CudaRuntime>) -> FusionTensor<burn_cubecl::fusion::FusionCubeRuntime<CudaRuntime>> {
+fn into_fusion(
+    prim: CubeTensor<CudaRuntime>,
+) -> FusionTensor<burn_cubecl::fusion::FusionCubeRuntime<CudaRuntime>> {
     use burn::tensor::TensorMetadata;
     use burn_ir::{InitOperationIr, OperationIr, OperationOutput};
     let client = burn_fusion::get_client::<CudaCube>(&prim.device);
@@ -164,7 +166,11 @@ fn into_fusion(prim: CubeTensor<CudaRuntime>) -> FusionTensor<burn_cubecl::fusio
     let handle = <CudaCube as burn_ir::BackendIr>::float_tensor_handle(prim);
     let desc = InitOperationIr::create(shape, dtype, || client.register_tensor_handle(handle));
     client
-        .register(burn_fusion::stream::OperationStreams::default(), OperationIr::Init(desc), NoOp::<CudaCube>::new())
+        .register(
+            burn_fusion::stream::OperationStreams::default(),
+            OperationIr::Init(desc),
+            NoOp::<CudaCube>::new(),
+        )
         .output()
 }
 

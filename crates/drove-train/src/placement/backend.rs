@@ -13,7 +13,9 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::step::{Pass, PlacementStep, UpdateSettings, accumulate};
 use crate::TrainError;
-use crate::device::{BucketAllReduce, DeviceAdamW, all_reduce_buckets, clip_global_norm, take_gradients};
+use crate::device::{
+    BucketAllReduce, DeviceAdamW, all_reduce_buckets, clip_global_norm, flatten, scalar, take_gradients,
+};
 use crate::flat::{FlatAdamW, FlatParams};
 use crate::micro::MicroBatches;
 use crate::phase::{PhaseTimes, phase};
@@ -82,9 +84,17 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
         if let Err(e) = reduced {
             return (model, Err(e));
         }
-        let norm = phase(u.timeline, "clip", &mut times.clip, || clip_global_norm(&mut tensors, u.clip));
-        let model =
-            phase(u.timeline, "optimizer", &mut times.update, || self.optim.update(model, &tensors, u.lr));
+        if tensors.is_empty() {
+            return (model, Ok(0.0));
+        }
+        // Queued on the device without a host decision; the norm is read
+        // back once the update is queued too (the step's one sync).
+        let (grads, norm) =
+            phase(u.timeline, "clip", &mut times.clip, || clip_global_norm(flatten(&tensors), u.clip));
+        let (model, norm) = phase(u.timeline, "optimizer", &mut times.update, || {
+            let model = self.optim.update(model, grads, u.lr);
+            (model, scalar(norm))
+        });
         (model, Ok(norm))
     }
 

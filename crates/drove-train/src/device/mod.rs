@@ -8,21 +8,21 @@
 //! buffer, all-reduces it through the [`Collective`] and copies it back; a
 //! device collective (NCCL) implements the same trait on the bucket's device
 //! memory and nothing else changes. Clipping and [`DeviceAdamW`] run in burn
-//! ops: the maths of [`FlatAdamW`], operation for
-//! operation, so both placements take the same step.
+//! ops over one flat buffer for every parameter (`optim`): the maths of
+//! [`crate::flat::FlatAdamW`], element for element, so both placements take
+//! the same step, in a handful of kernels instead of a dozen per parameter.
 //!
 //! Host syncs left on this path: one scalar read per micro-batch for the loss
-//! value, and one for the global gradient norm.
+//! value, and one for the global gradient norm, after the update is queued.
 
-use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use drove_collective::fusion::{Compression, FusionOptions, all_reduce_fused, buckets};
 use drove_collective::{Collective, ReduceOptions};
 
 use crate::TrainError;
-use crate::flat::{AdamWSettings, AdamWStep, FlatAdamW};
 
 /// The all-reduce of one bucket of gradients: **the seam** where a device
 /// collective replaces host staging.
@@ -229,128 +229,5 @@ fn staged_overlapped<B: Backend>(
     })
 }
 
-/// The L2 norm of all gradients together (one host read).
-pub fn global_norm<B: Backend>(grads: &[Tensor<B, 1>]) -> f64 {
-    if grads.is_empty() {
-        return 0.0;
-    }
-    let squares: Vec<Tensor<B, 1>> = grads.iter().map(|g| g.clone().powi_scalar(2).sum()).collect();
-    let total: f32 = Tensor::cat(squares, 0).sum().into_scalar().elem();
-    f64::from(total).sqrt()
-}
-
-/// Scales every gradient by `max_norm / norm` when their global norm exceeds
-/// `max_norm` (0: never); returns the norm before clipping. As
-/// [`crate::flat::clip_global_norm`].
-pub fn clip_global_norm<B: Backend>(grads: &mut [Tensor<B, 1>], max_norm: f64) -> f64 {
-    let norm = global_norm(grads);
-    if max_norm > 0.0 {
-        let scale = max_norm / (norm + 1e-6);
-        if scale < 1.0 {
-            for g in grads.iter_mut() {
-                *g = g.clone().mul_scalar(scale as f32);
-            }
-        }
-    }
-    norm
-}
-
-/// AdamW whose moments are tensors on the device, one flat tensor per
-/// parameter: [`FlatAdamW`]'s update in burn ops.
-pub struct DeviceAdamW<B: Backend> {
-    /// Settings.
-    pub settings: AdamWSettings,
-    /// Updates applied so far.
-    pub step: u64,
-    /// First moments, flat, in module order.
-    pub m: Vec<Tensor<B, 1>>,
-    /// Second moments.
-    pub v: Vec<Tensor<B, 1>>,
-    /// Whether each parameter decays.
-    pub decay: Vec<bool>,
-}
-
-impl<B: Backend> DeviceAdamW<B> {
-    /// Fresh state for parameters of `shapes`.
-    pub fn new(settings: AdamWSettings, shapes: &[Vec<usize>], decay: Vec<bool>, device: &B::Device) -> Self {
-        let zeros = || -> Vec<Tensor<B, 1>> {
-            shapes.iter().map(|s| Tensor::zeros([s.iter().product::<usize>()], device)).collect()
-        };
-        DeviceAdamW { settings, step: 0, m: zeros(), v: zeros(), decay }
-    }
-
-    /// One update of `model`'s float parameters with `grads` (flat, module
-    /// order) at learning rate `lr`; returns the updated model, every
-    /// parameter keeping its id and whether it requires a gradient.
-    ///
-    /// # Panics
-    /// If `grads` does not match the model's parameters in number.
-    pub fn update<AB, M>(&mut self, model: M, grads: &[Tensor<B, 1>], lr: f64) -> M
-    where
-        AB: AutodiffBackend<InnerBackend = B>,
-        M: AutodiffModule<AB>,
-    {
-        assert_eq!(grads.len(), self.m.len(), "one gradient per parameter");
-        self.step += 1;
-        let k = AdamWStep::new(&self.settings, self.step, lr);
-        let mut mapper = Update::<AB> { adam: self, grads, index: 0, k, _b: std::marker::PhantomData };
-        model.map(&mut mapper)
-    }
-
-    /// The moments as host buffers (for a checkpoint).
-    pub fn to_flat(&self) -> Result<FlatAdamW, TrainError> {
-        let read = |ts: &[Tensor<B, 1>]| -> Result<Vec<Vec<f32>>, TrainError> {
-            ts.iter().enumerate().map(|(i, t)| crate::flat::to_f32(t.clone().into_data(), i)).collect()
-        };
-        Ok(FlatAdamW {
-            settings: self.settings,
-            step: self.step,
-            m: read(&self.m)?,
-            v: read(&self.v)?,
-            decay: self.decay.clone(),
-        })
-    }
-
-    /// Takes the moments and step of `flat` (from a checkpoint).
-    pub fn load_flat(&mut self, flat: &FlatAdamW, device: &B::Device) {
-        let write = |bufs: &[Vec<f32>]| -> Vec<Tensor<B, 1>> {
-            bufs.iter().map(|b| Tensor::from_data(TensorData::new(b.clone(), [b.len()]), device)).collect()
-        };
-        self.m = write(&flat.m);
-        self.v = write(&flat.v);
-        self.step = flat.step;
-    }
-}
-
-/// Visits the parameters in module order and applies one AdamW update to each.
-struct Update<'a, AB: AutodiffBackend> {
-    adam: &'a mut DeviceAdamW<AB::InnerBackend>,
-    grads: &'a [Tensor<AB::InnerBackend, 1>],
-    index: usize,
-    k: AdamWStep,
-    _b: std::marker::PhantomData<AB>,
-}
-
-impl<AB: AutodiffBackend> ModuleMapper<AB> for Update<'_, AB> {
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
-        let i = self.index;
-        self.index += 1;
-        let AdamWStep { b1, b2, eps, step_size, c2_sqrt, .. } = self.k;
-        let keep = self.k.keep(self.adam.decay[i]);
-        let (id, tensor, mapper) = param.consume();
-        let trainable = tensor.is_require_grad();
-        let shape = tensor.shape();
-        let numel = shape.num_elements();
-        let p = tensor.inner().reshape([numel]);
-        let g = self.grads[i].clone();
-        // The order of FlatAdamW::update, operation for operation.
-        let m = self.adam.m[i].clone().mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
-        let v = self.adam.v[i].clone().mul_scalar(b2) + g.clone().mul_scalar(1.0 - b2).mul(g);
-        let denominator = v.clone().sqrt().div_scalar(c2_sqrt).add_scalar(eps);
-        let p = p.mul_scalar(keep) - m.clone().mul_scalar(step_size).div(denominator);
-        self.adam.m[i] = m;
-        self.adam.v[i] = v;
-        let value = Tensor::<AB, D>::from_inner(p.reshape(shape));
-        Param::from_mapped_value(id, if trainable { value.require_grad() } else { value }, mapper)
-    }
-}
+mod optim;
+pub use optim::{DeviceAdamW, clip_global_norm, flatten, global_norm, scalar};
