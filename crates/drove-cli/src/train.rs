@@ -102,7 +102,8 @@ impl NerArgs {
             timeline: opts.timeline.clone(),
             eval_sets: opts.eval_sets.iter().filter(|s| !s.is_empty()).cloned().collect(),
             micro_batches: self.device.micro_batches(opts.micro_batches),
-            pad_multiple: Some(self.device.pad_multiple(opts.pad_multiple)),
+            // The device's own multiple where none is given (none on the CPU: 1).
+            pad_multiple: opts.pad_multiple.or(Some(self.device.pad_multiple(None)).filter(|&n| n > 1)),
             placement: self.placement.unwrap_or(self.device.placement()),
             random_init: self.random_init || opts.random_init,
             ..opts.clone()
@@ -531,5 +532,8 @@ mod tests {
         assert_eq!(opts.micro_batches, 0);
         let gpu = options(&["--device", "cuda"]);
         assert_eq!((gpu.placement, gpu.micro_batches), (Placement::Backend, 1));
+        assert_eq!((opts.pad_multiple, gpu.pad_multiple), (None, Some(16)), "padded on a GPU only");
+        let asked = options(&["--device", "cuda", "--pad-multiple", "1"]);
+        assert_eq!(asked.pad_multiple, Some(1), "a multiple given is kept");
     }
 }

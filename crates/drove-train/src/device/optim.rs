@@ -64,11 +64,10 @@ pub struct DeviceAdamW<B: Backend> {
     pub decay: Vec<bool>,
     /// Elements of each parameter, in module order.
     sizes: Vec<usize>,
-    /// 1 where an element's parameter decays, else 0 ...
+    /// 1 where an element's parameter decays, else 0: `decays * (keep - 1)
+    /// + 1` is each element's factor exactly (`keep` or 1; `keep - 1` is
+    /// exact in f32, `keep` lying within a factor 2 of 1).
     decays: Tensor<B, 1>,
-    /// ... and its complement: `decays * keep + keeps` is each element's
-    /// factor exactly (`keep` or 1).
-    keeps: Tensor<B, 1>,
 }
 
 impl<B: Backend> DeviceAdamW<B> {
@@ -81,8 +80,6 @@ impl<B: Backend> DeviceAdamW<B> {
             .zip(&decay)
             .flat_map(|(&n, &d)| std::iter::repeat_n(if d { 1.0 } else { 0.0 }, n))
             .collect();
-        let complement: Vec<f32> = mask.iter().map(|&d| 1.0 - d).collect();
-        let upload = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [total]), device);
         DeviceAdamW {
             settings,
             step: 0,
@@ -90,8 +87,7 @@ impl<B: Backend> DeviceAdamW<B> {
             v: Tensor::zeros([total], device),
             decay,
             sizes,
-            decays: upload(mask),
-            keeps: upload(complement),
+            decays: Tensor::from_data(TensorData::new(mask, [total]), device),
         }
     }
 
@@ -123,7 +119,7 @@ impl<B: Backend> DeviceAdamW<B> {
         let m = self.m.clone().mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
         let v = self.v.clone().mul_scalar(b2) + g.clone().mul_scalar(1.0 - b2).mul(g);
         let denominator = v.clone().sqrt().div_scalar(c2_sqrt).add_scalar(eps);
-        let factor = self.decays.clone().mul_scalar(keep) + self.keeps.clone();
+        let factor = self.decays.clone().mul_scalar(keep - 1.0).add_scalar(1.0);
         let p = p.mul(factor) - m.clone().mul_scalar(step_size).div(denominator);
         self.m = m;
         self.v = v;
