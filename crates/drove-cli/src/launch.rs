@@ -159,6 +159,11 @@ pub fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let outcome = outcome?;
     match &outcome.end {
         End::RunFailed(why) => eprintln!("error: run {} failed: {why}", outcome.run_id),
+        End::BelowMinimum { rank, code, left, min } => eprintln!(
+            "error: run {} failed: rank {rank} failed (exit code {code}) with no restart left, and only {left} \
+             rank(s) could still finish, fewer than --min-np {min}",
+            outcome.run_id
+        ),
         End::RankFailed { rank, code } => {
             tracing::info!("run {} failed: rank {rank} failed first; exit code {code}", outcome.run_id);
         }

@@ -115,7 +115,7 @@ fn the_image_serves_a_healthy_coordinator_and_two_rank_containers_train_through_
     let conf = match tools() {
         Ok(conf) => conf,
         Err(why) => {
-            eprintln!("skipped: {why}");
+            common::skip(&why);
             return;
         }
     };

@@ -98,7 +98,7 @@ impl Hosts {
     fn new(spaces: usize) -> Option<Hosts> {
         let one = serial();
         if let Some(why) = unsupported() {
-            eprintln!("skipped: {why}");
+            common::skip(&why);
             return None;
         }
         let net = Net::new(spaces).expect("building the namespaces");

@@ -32,7 +32,7 @@ fn quote(s: &str) -> String {
 #[test]
 fn drove_run_on_a_terminal_draws_one_bar_fed_by_rank_0() {
     if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: no `script` (util-linux) to make a pseudo-terminal");
+        common::skip("no `script` (util-linux) to make a pseudo-terminal");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -235,8 +235,8 @@ fn browse(browser: &Path, profile: &Path, args: &[&str], page: &Path) -> (String
 
 fn assert_browser_loads(dir: &Path, charts: usize) {
     let Some(browser) = chromium() else {
-        eprintln!(
-            "skipping the browser check: no Chromium (scripts/browser-tools.sh installs it as root on Debian)"
+        common::skip(
+            "the browser check: no Chromium (scripts/browser-tools.sh installs it as root on Debian)",
         );
         return;
     };

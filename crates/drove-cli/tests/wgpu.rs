@@ -63,9 +63,9 @@ fn or_skip() -> Option<PathBuf> {
     match lavapipe() {
         Ok(m) => Some(m),
         Err(why) => {
-            eprintln!(
-                "skipping: {why}; `bash scripts/wgpu-tools.sh` installs Mesa's lavapipe as root on Debian"
-            );
+            common::skip(&format!(
+                "{why}; `bash scripts/wgpu-tools.sh` installs Mesa's lavapipe as root on Debian"
+            ));
             None
         }
     }
@@ -245,7 +245,7 @@ fn without_the_vulkan_loader_the_error_names_it() {
     // /dev/null over the library (root only).
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
-        eprintln!("skipping: hiding the Vulkan loader needs a mount namespace (root)");
+        common::skip("hiding the Vulkan loader needs a mount namespace (root)");
         return;
     }
     let loader = ["/lib/x86_64-linux-gnu/libvulkan.so.1", "/usr/lib/x86_64-linux-gnu/libvulkan.so.1"]
@@ -253,7 +253,7 @@ fn without_the_vulkan_loader_the_error_names_it() {
         .map(PathBuf::from)
         .find(|p| p.exists());
     let Some(loader) = loader else {
-        eprintln!("skipping: no libvulkan.so.1 where Debian keeps it");
+        common::skip("no libvulkan.so.1 where Debian keeps it");
         return;
     };
     let dir = tempfile::tempdir().unwrap();

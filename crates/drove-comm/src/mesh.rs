@@ -13,6 +13,10 @@ use crate::greeting::{MAGIC, expected_hello, read_hello, tune, write_hello};
 use crate::profile::ExchangeTimes;
 use drove_collective::CommError;
 
+/// How long ranks waited for get to hang up after another peer did, so that
+/// the rank that died first is named even when it is noticed second.
+const HANG_UP_GRACE: Duration = Duration::from_millis(500);
+
 /// Connections to every other rank.
 pub(crate) struct Mesh {
     pub rank: usize,
@@ -171,7 +175,7 @@ impl Mesh {
                 }
             }
             if !dead.is_empty() {
-                return Err(lost_while(clock, dead, &waiting));
+                return Err(self.lost_while(clock, dead, &waiting));
             }
             if ready {
                 return Ok(());
@@ -230,7 +234,56 @@ impl Mesh {
     /// Checks, without blocking, that no peer has hung up.
     pub fn check_alive(&self, clock: &Clock, waiting: &[usize]) -> Result<(), CommError> {
         let dead = self.hung_up();
-        if dead.is_empty() { Ok(()) } else { Err(lost_while(clock, dead, waiting)) }
+        if dead.is_empty() { Ok(()) } else { Err(self.lost_while(clock, dead, waiting)) }
+    }
+
+    /// Peers in `dead` hung up while `waiting` was waited for. A rank that died
+    /// first may be noticed second: a neighbour that saw it die can exit and
+    /// hang up before the dead rank's own sockets close (the kernel frees a
+    /// killed process's memory before its files). So the awaited ranks get a
+    /// short grace to hang up too, and the ones that do are named as well.
+    fn lost_while(&self, clock: &Clock, mut dead: Vec<usize>, waiting: &[usize]) -> CommError {
+        let mut awaited: Vec<usize> = waiting.iter().copied().filter(|w| !dead.contains(w)).collect();
+        awaited.dedup();
+        let grace = Instant::now() + HANG_UP_GRACE;
+        while !awaited.is_empty() {
+            let left = grace.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let now_dead = self.hung_up_among(&awaited, left);
+            if now_dead.is_empty() {
+                break;
+            }
+            awaited.retain(|r| !now_dead.contains(r));
+            dead.extend(now_dead);
+        }
+        dead.sort_unstable();
+        dead.dedup();
+        lost_while(clock, dead, waiting)
+    }
+
+    /// Which of `peers` hang up within `within` (one poll; zero does not block).
+    fn hung_up_among(&self, peers: &[usize], within: Duration) -> Vec<usize> {
+        let mut fds = Vec::new();
+        let mut who = Vec::new();
+        for &peer in peers {
+            if let Some(Some(s)) = self.peers.get(peer) {
+                fds.push(libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 });
+                who.push(peer);
+            }
+        }
+        let ms = within.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a valid array of pollfd for its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n <= 0 {
+            return Vec::new();
+        }
+        fds.iter()
+            .zip(&who)
+            .filter(|(fd, _)| fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
+            .map(|(_, &p)| p)
+            .collect()
     }
 
     /// `peer` failed; every other peer that has hung up by now is named too (a
@@ -246,24 +299,8 @@ impl Mesh {
 
     /// Peers whose connection has hung up, checked without blocking.
     fn hung_up(&self) -> Vec<usize> {
-        let mut fds: Vec<libc::pollfd> = Vec::new();
-        let mut who = Vec::new();
-        for (peer, s) in self.peers.iter().enumerate() {
-            if let Some(s) = s {
-                fds.push(libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 });
-                who.push(peer);
-            }
-        }
-        // SAFETY: `fds` is a valid array of pollfd for its length.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-        if n <= 0 {
-            return Vec::new();
-        }
-        fds.iter()
-            .zip(&who)
-            .filter(|(fd, _)| fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0)
-            .map(|(_, &p)| p)
-            .collect()
+        let all: Vec<usize> = (0..self.peers.len()).collect();
+        self.hung_up_among(&all, Duration::ZERO)
     }
 
     /// Writes as much of `data` as the socket takes now; returns the count.

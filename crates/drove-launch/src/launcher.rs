@@ -194,6 +194,18 @@ pub enum End {
     Interrupted(i32),
     /// The coordinator failed the run (a hung rank), for this reason.
     RunFailed(String),
+    /// An elastic launch ended at once: a rank failed with no restart left
+    /// and fewer ranks than its minimum could still finish.
+    BelowMinimum {
+        /// The rank whose failure left too few.
+        rank: usize,
+        /// Its shell-style exit code.
+        code: u8,
+        /// The ranks that could still have finished.
+        left: usize,
+        /// The launch's `--min-np`.
+        min: usize,
+    },
 }
 
 /// What a launch did.
@@ -213,7 +225,7 @@ impl LaunchOutcome {
     pub fn exit_code(&self) -> u8 {
         match &self.end {
             End::Succeeded => 0,
-            End::RankFailed { code, .. } => *code,
+            End::RankFailed { code, .. } | End::BelowMinimum { code, .. } => *code,
             End::Interrupted(sig) => signal_exit_code(*sig),
             End::RunFailed(_) => 1,
         }
@@ -223,6 +235,9 @@ impl LaunchOutcome {
         let v = &attempt.verdict;
         let end = match (&v.run_failed, v.first_failure, v.interrupted) {
             (Some(why), _, _) => End::RunFailed(why.clone()),
+            (None, Some((rank, code)), _) if let Some((left, min)) = v.below_minimum => {
+                End::BelowMinimum { rank, code, left, min }
+            }
             (None, Some((rank, code)), _) => End::RankFailed { rank, code },
             (None, None, Some(sig)) => End::Interrupted(sig),
             (None, None, None) => End::Succeeded,

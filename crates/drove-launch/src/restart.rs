@@ -55,6 +55,7 @@ mod tests {
                 cause: failed_rank.map(Cause::RankFailed).or(interrupted.map(Cause::Signal)),
                 interrupted,
                 run_failed: None,
+                below_minimum: None,
             },
             restarts: 0,
         }

@@ -22,6 +22,9 @@ pub enum Cause {
     Signal(i32),
     /// The coordinator failed the run.
     RunFailed,
+    /// An elastic launch's slots that can still finish fell below its minimum
+    /// with no restart left.
+    BelowMinimum,
 }
 
 impl std::fmt::Display for Cause {
@@ -30,6 +33,7 @@ impl std::fmt::Display for Cause {
             Cause::RankFailed(r) => write!(f, "after rank {r} failed"),
             Cause::Signal(s) => write!(f, "on {}", signal_name(*s)),
             Cause::RunFailed => write!(f, "after the coordinator failed the run"),
+            Cause::BelowMinimum => write!(f, "after too few ranks were left to form a world"),
         }
     }
 }
@@ -56,6 +60,9 @@ pub(crate) struct Verdict {
     pub interrupted: Option<i32>,
     /// Why the coordinator failed the run, if it did before any rank failed.
     pub run_failed: Option<String>,
+    /// An elastic launch stopped because too few of its slots could still
+    /// finish: (those that could, the minimum).
+    pub below_minimum: Option<(usize, usize)>,
 }
 
 impl Attempt {
@@ -74,6 +81,12 @@ impl Attempt {
     pub fn failure(&self) -> Option<String> {
         match (&self.verdict.run_failed, self.verdict.first_failure) {
             (Some(why), _) => Some(why.clone()),
+            (None, Some((rank, code))) if let Some((left, min)) = self.verdict.below_minimum => {
+                Some(format!(
+                    "rank {rank} failed (exit code {code}) with no restart left, and {left} rank(s) can still finish, \
+                 fewer than --min-np {min}"
+                ))
+            }
             (None, Some((rank, code))) => Some(format!("rank {rank} failed (exit code {code})")),
             (None, None) => None,
         }
@@ -257,6 +270,18 @@ impl<'a> Slots<'a> {
             );
         }
         respawn.dropped.push((rank, code));
+        let min = respawn.policy.min;
+        let finished = self.statuses.iter().filter(|s| matches!(s, Some(Ok(s)) if s.success())).count();
+        let left = self.running + finished;
+        if left < min {
+            tracing::error!(
+                "only {left} rank(s) can still finish, fewer than --min-np {min}, and no restart is left: \
+                 stopping the run"
+            );
+            self.verdict.first_failure = Some((rank, code));
+            self.verdict.below_minimum = Some((left, min));
+            self.stop(Cause::BelowMinimum);
+        }
     }
 
     fn run_failed(&mut self, why: String) {

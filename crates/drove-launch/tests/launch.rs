@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drove_comm::Element as _;
-use drove_launch::{Console, End, LaunchError, LaunchSpec, Progress, RestartPolicy, Stream, launch, var};
+use drove_launch::{
+    Console, ElasticLaunch, End, LaunchError, LaunchSpec, Progress, RestartPolicy, Stream, launch, var,
+};
 
 /// A console that keeps what it is given.
 #[derive(Default)]
@@ -108,6 +110,22 @@ fn a_failed_rank_stops_the_others_and_the_world_restarts_up_to_the_limit() {
     // Without restarts the first failure ends the launch with its exit code.
     let outcome = launch(&sh(2, &script), Arc::new(Recorder::default())).unwrap();
     assert_eq!((outcome.end.clone(), outcome.exit_code()), (End::RankFailed { rank: 1, code: 3 }, 3));
+}
+
+#[test]
+fn an_elastic_launch_left_below_its_minimum_ends_at_once_naming_why() {
+    // Ranks 1 and 2 fail at once; rank 0 would wait ten minutes for them.
+    let script = format!("if [ \"${r}\" != 0 ]; then exit 3; fi; sleep 600", r = var::RANK);
+    let mut spec = sh(3, &script);
+    spec.elastic = Some(ElasticLaunch { min: 2, max: 3 });
+    spec.restart = RestartPolicy { max_restarts: 1 };
+    let started = Instant::now();
+    let outcome = launch(&spec, Arc::new(Recorder::default())).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(120), "rank 0 was waited for: {:?}", started.elapsed());
+    // One restart went to the first failed slot; the next failure left one
+    // rank that could finish, below 2.
+    let End::BelowMinimum { code, left, min, .. } = outcome.end else { panic!("{:?}", outcome.end) };
+    assert_eq!((code, left, min, outcome.exit_code()), (3, 1, 2, 3));
 }
 
 #[test]

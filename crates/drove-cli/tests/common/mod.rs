@@ -18,6 +18,24 @@ use std::time::Instant;
 pub const DROVE: &str = env!("CARGO_BIN_EXE_drove");
 pub const DEADLINE: Duration = Duration::from_secs(600);
 
+/// Whether the test command asked that every tool be present
+/// (`DROVE_REQUIRE_TOOLS=1`, which `scripts/test.sh` and so CI set).
+pub fn tools_required() -> bool {
+    std::env::var("DROVE_REQUIRE_TOOLS").is_ok_and(|v| v == "1")
+}
+
+/// A test that cannot run here for want of a tool: says why and returns, or,
+/// where tools are required, fails naming what is missing, so that a missing
+/// install step cannot turn a test into a pass.
+pub fn skip(why: &str) {
+    if tools_required() {
+        panic!(
+            "this test cannot run: {why}; tools are required (DROVE_REQUIRE_TOOLS=1, as scripts/test.sh sets; 0 lets it skip)"
+        );
+    }
+    eprintln!("skipped: {why}");
+}
+
 /// Runs `cmd` to completion, killing it if it outlives the deadline.
 pub fn run(cmd: &mut Command) -> Output {
     let what = format!("{cmd:?}");
