@@ -2,9 +2,14 @@
 # The Python tools the tests drive, from PyPI, in a virtual environment of their
 # own: target/tools-venv (scripts/python-tools.txt lists them). Run again with
 # the same list, it does nothing. Prints the environment's python on stdout.
+# Two callers at once (two tests of one binary) take turns: the second finds
+# the first one's environment.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/target/tools-venv"
+mkdir -p "$root/target"
+exec 9>"$root/target/tools-venv.lock"
+flock 9
 list="$root/scripts/python-tools.txt"
 stamp="$venv/.requirements.sha256"
 want="$(sha256sum "$list" | cut -d' ' -f1)"

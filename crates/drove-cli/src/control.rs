@@ -42,12 +42,12 @@ impl Target {
 
     /// Where to connect; with `--store`, first starts a coordinator on that
     /// store, which lives as long as the returned handle.
-    async fn connect(&self) -> anyhow::Result<(Connection, Option<drove_control::Server>)> {
+    async fn connect(&self) -> anyhow::Result<(Connection, Option<drove_coordinator::Server>)> {
         if let Some(store) = &self.store {
             if !store.is_dir() {
                 anyhow::bail!("no coordinator store at {}", store.display());
             }
-            let server = drove_control::serve_in_process(([127, 0, 0, 1], 0).into(), store, None)
+            let server = drove_coordinator::serve_in_process(([127, 0, 0, 1], 0).into(), store, None)
                 .await
                 .map_err(|e| anyhow!("opening the store {}: {e}", store.display()))?;
             return Ok((Connection::new(&server.addr().to_string(), None), Some(server)));
@@ -58,8 +58,8 @@ impl Target {
 }
 
 /// `drove coordinator`: serves until SIGINT or SIGTERM.
-pub fn serve(flags: &drove_control::Flags) -> anyhow::Result<()> {
-    Ok(drove_control::serve_until_signal(flags)?)
+pub fn serve(flags: &drove_coordinator::Flags) -> anyhow::Result<()> {
+    Ok(drove_coordinator::run_until_signal(flags)?)
 }
 
 /// Settings of `drove metrics`.

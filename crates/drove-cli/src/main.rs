@@ -77,7 +77,7 @@ enum Command {
     /// derived seed.
     Seed(seed::SeedArgs),
     /// Serve the control plane (rendezvous, weights, metrics) until SIGINT or SIGTERM.
-    Coordinator(drove_control::Flags),
+    Coordinator(drove_coordinator::Flags),
     /// Launch N ranks of a program on this host: `drove run --np 4 -- PROGRAM ARGS...`.
     ///
     /// Each rank gets drove's variables (DROVE_RANK, DROVE_WORLD_SIZE, DROVE_COORDINATOR, ...)

@@ -5,8 +5,9 @@
 //!
 //! - [`conll`]: the CoNLL reader (IOB1 detected and converted to IOB2; errors name
 //!   file and line) and the [`LabelSet`].
-//! - [`tokenize`]: WordPiece through the `tokenizers` crate from a `vocab.txt`,
-//!   with label alignment (first subword keeps the label, the rest `-100`).
+//! - `tokenize` (feature `tokenize`, on by default): WordPiece through the
+//!   `tokenizers` crate from a `vocab.txt`, with label alignment (first subword
+//!   keeps the label, the rest `-100`).
 //! - [`mask`]: MLM-style masking as augmentation (p, 80/10/10, whole words).
 //! - [`sampler`]: PyTorch's `DistributedSampler` semantics.
 //! - [`batch`]: padding, collation and length bucketing.
@@ -42,11 +43,14 @@ mod example;
 pub mod loader;
 pub mod mask;
 pub mod sampler;
+#[cfg(feature = "tokenize")]
 pub mod tokenize;
 
 pub use batch::{Batch, Bucketing, CollateError, Collator, Example, MaskSource, Padding, make_batches};
 pub use conll::{ConllError, Corpus, LabelSet, Sentence, TagScheme, read_conll};
+pub use example::IGNORE_LABEL;
 pub use loader::{Epoch, Loader, LoaderConfig, LoaderError, MaskSeeding};
 pub use mask::{MaskAction, MaskConfig, MaskConfigError, Masker};
 pub use sampler::{DistributedSampler, Remainder, SamplerError};
-pub use tokenize::{IGNORE_LABEL, SpecialTokens, TokenizeError, WordPieceTokenizer};
+#[cfg(feature = "tokenize")]
+pub use tokenize::{SpecialTokens, TokenizeError, WordPieceTokenizer};

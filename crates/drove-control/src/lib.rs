@@ -37,7 +37,6 @@ mod membership;
 pub mod queries;
 mod rendezvous;
 pub mod runtime;
-mod serve;
 mod wire;
 
 pub use connect::{Authed, Clients, ConnectError, Connection, MAX_MESSAGE_BYTES, Token, endpoint};
@@ -49,4 +48,3 @@ pub use membership::{
 };
 pub use queries::{ChunkStream, PointStream, QueryError, ServingStatus};
 pub use rendezvous::CoordinatorRendezvous;
-pub use serve::{Flags, ServeError, Server, StartError, serve_in_process, serve_until_signal};

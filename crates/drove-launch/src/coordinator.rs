@@ -29,7 +29,7 @@ pub enum CoordinatorChoice {
 /// The coordinator for a launch: its address and, if served in-process, the server.
 pub(crate) struct LaunchCoordinator {
     pub addr: String,
-    served: Option<(drove_control::Server, Option<tempfile::TempDir>)>,
+    served: Option<(crate::serve::Server, Option<tempfile::TempDir>)>,
 }
 
 impl LaunchCoordinator {
@@ -54,7 +54,7 @@ impl LaunchCoordinator {
                 (t.path().to_path_buf(), Some(t))
             }
         };
-        let server = drove_control::serve_in_process(([127, 0, 0, 1], 0).into(), &path, token)
+        let server = crate::serve::in_process(([127, 0, 0, 1], 0).into(), &path, token)
             .await
             .map_err(|e| LaunchError::Coordinator(format!("starting the in-process coordinator: {e}")))?;
         Ok(LaunchCoordinator { addr: server.addr().to_string(), served: Some((server, temporary)) })

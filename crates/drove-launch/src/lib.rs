@@ -71,6 +71,7 @@ mod progress;
 mod rank;
 mod relay;
 mod restart;
+mod serve;
 mod served;
 mod signals;
 mod spawn;

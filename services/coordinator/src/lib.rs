@@ -36,6 +36,7 @@ mod metrics;
 pub mod prometheus;
 mod rendezvous;
 pub mod run_state;
+mod serve;
 pub mod store;
 mod validate;
 mod weights;
@@ -57,6 +58,7 @@ use tonic::{Request, Status};
 pub use metrics::MetricsService;
 pub use rendezvous::RendezvousService;
 pub use run_state::RunState;
+pub use serve::{ServeError, run_until_signal, serve_in_process, serve_until_signal};
 pub use weights::WeightsService;
 
 /// Coordinator settings.
@@ -441,24 +443,6 @@ impl Flags {
         };
         Config::load(self.config.as_deref(), &overrides)
     }
-}
-
-/// Serves until SIGINT or SIGTERM, printing `listening on ADDR` on stdout first.
-pub async fn serve_until_signal(config: &Config) -> Result<(), StartError> {
-    let server = start(config).await?;
-    println!("drove-coordinator listening on {}", server.addr());
-    if let Some(at) = server.metrics_addr() {
-        println!("drove-coordinator serves Prometheus metrics at http://{at}/metrics");
-    }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|source| StartError::Bind { addr: server.addr(), source })?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
-    server.shutdown().await;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -13,8 +13,7 @@ struct Args {
     flags: drove_coordinator::Flags,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -23,7 +22,6 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let config = args.flags.config()?;
-    drove_coordinator::serve_until_signal(&config).await?;
+    drove_coordinator::run_until_signal(&args.flags)?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! connect drove-comm's communicator over the peer table it hands out, and
 //! all-reduce; each then leaves the run.
 //!
-//! `cargo run -p drove-control --example rendezvous`
+//! `cargo run -p drove-coordinator --example two_ranks`
 use drove_collective::{Collective, Element, Place, Rank, ReduceOptions};
 use drove_comm::{CommOptions, Communicator, RankRequest};
 use drove_control::CoordinatorRendezvous;
