@@ -1,12 +1,44 @@
-//! Real processes on 127.0.0.1: 2, 3 and 4 ranks of `drove-comm-worker`, over
-//! shared memory and over the TCP ring; and worlds whose ranks `DROVE_HOST_ID`
-//! spreads over several hosts, for the hierarchical all-reduce (the namespace
-//! tests of drove-cli run it across real network namespaces).
+//! Real processes on 127.0.0.1: 2, 3 and 4 ranks (this test binary run again
+//! as a rank: [`worker`]), over shared memory and over the TCP ring; and
+//! worlds whose ranks `DROVE_HOST_ID` spreads over several hosts, for the
+//! hierarchical all-reduce (the namespace tests of drove-cli run it across
+//! real network namespaces).
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+#[path = "multiprocess/worker.rs"]
+mod worker;
+
+/// Set to a scenario's arguments, this binary runs as one rank of it.
+const WORKER: &str = "DROVE_COMM_TEST_WORKER";
+
+/// The rank process's entry: a no-op in the test run; in a process that
+/// [`rank_process`] starts, it runs the scenario and exits.
+#[test]
+fn rank_process_entry() {
+    if let Ok(args) = std::env::var(WORKER) {
+        worker::main(&args);
+    }
+}
+
+/// A command that runs this test binary as one rank of scenario `args`.
+fn rank_process(args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
+    cmd.args(["rank_process_entry", "--exact", "--nocapture", "--test-threads=1", "-q"])
+        .env(WORKER, args.join(" "));
+    cmd
+}
+
+/// The JSON line a rank printed (libtest prints its own lines around it).
+fn json_line(stdout: &[u8]) -> Option<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .and_then(|l| serde_json::from_str(l).ok())
+}
 
 struct World {
     outputs: Vec<Output>,
@@ -27,12 +59,11 @@ fn run_world_on(hosts: &[&str], transport: &str, args: &[&str], timeout_s: &str,
     let start = Instant::now();
     let children: Vec<Child> = (0..n)
         .map(|rank| {
-            let mut cmd = Command::new(env!("CARGO_BIN_EXE_drove-comm-worker"));
+            let mut cmd = rank_process(args);
             if !hosts[rank].is_empty() {
                 cmd.env("DROVE_HOST_ID", hosts[rank]);
             }
-            cmd.args(args)
-                .env("DROVE_RANK", rank.to_string())
+            cmd.env("DROVE_RANK", rank.to_string())
                 .env("DROVE_WORLD_SIZE", n.to_string())
                 .env("DROVE_RENDEZVOUS_DIR", dir.path())
                 .env("DROVE_COMM_TRANSPORT", transport)
@@ -42,7 +73,7 @@ fn run_world_on(hosts: &[&str], transport: &str, args: &[&str], timeout_s: &str,
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
-                .expect("spawning drove-comm-worker")
+                .expect("spawning a rank process")
         })
         .collect();
     let pids: Vec<u32> = children.iter().map(Child::id).collect();
@@ -78,7 +109,7 @@ fn run_world_on(hosts: &[&str], transport: &str, args: &[&str], timeout_s: &str,
     }
     let elapsed = start.elapsed();
     let outputs: Vec<Output> = outputs.into_iter().map(|o| o.expect("every rank reported")).collect();
-    let results = outputs.iter().map(|o| serde_json::from_slice::<Value>(&o.stdout).ok()).collect();
+    let results = outputs.iter().map(|o| json_line(&o.stdout)).collect();
     World { outputs, results, elapsed }
 }
 
@@ -265,8 +296,7 @@ fn a_static_file_of_addresses_is_a_rendezvous() {
     std::fs::write(&file, format!("# one address per rank\n{}\n", addrs.join("\n"))).unwrap();
     let children: Vec<_> = (0..3)
         .map(|rank| {
-            Command::new(env!("CARGO_BIN_EXE_drove-comm-worker"))
-                .arg("sum-rank")
+            rank_process(&["sum-rank"])
                 .env("DROVE_RANK", rank.to_string())
                 .env("DROVE_WORLD_SIZE", "3")
                 .env("DROVE_PEERS_FILE", &file)
@@ -281,7 +311,7 @@ fn a_static_file_of_addresses_is_a_rendezvous() {
     for child in children {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v = json_line(&out.stdout).expect("a JSON line");
         assert_eq!(v["result"]["sum"], 3);
     }
 }

@@ -1,14 +1,15 @@
-//! A rank process for drove-comm's multi-process tests: runs one scenario and
-//! prints one JSON line. Launch N copies with `DROVE_RANK`, `DROVE_WORLD_SIZE`
+//! A rank process for drove-comm's multi-process tests: the test binary run
+//! again with `DROVE_COMM_TEST_WORKER` set to the scenario's arguments runs
+//! one scenario and prints one JSON line. N copies get `DROVE_RANK`, `DROVE_WORLD_SIZE`
 //! and `DROVE_RENDEZVOUS_DIR` (or `DROVE_PEERS`) set; `DROVE_COMM_TRANSPORT`
 //! and `DROVE_COMM_TIMEOUT` choose the transport and the deadline, `DROVE_HOST_ID`
 //! which ranks count as one host. The line also says which transport ran.
-//! (A test binary: it reads these variables itself, see [`var`].)
+//! (Test code: it reads these variables itself, see [`var`].)
 //!
 //! Scenarios: `closed-form`, `errors`, `kill VICTIM BYTES MIB`, `stall VICTIM`,
 //! `fusion`, `sum-rank`. Logs (stall warnings) go to stderr.
 
-use std::process::ExitCode;
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use drove_comm::fusion::{Compression, FusionOptions, all_reduce_fused};
@@ -17,9 +18,9 @@ use drove_comm::{
     ReduceOptions, StaticRendezvous, bf16, f16, parse_peers,
 };
 
-/// A variable of the worker's environment. This test binary reads the launch
+/// A variable of the worker's environment. This test code reads the launch
 /// contract's variables itself: drove-launch, their one reader everywhere
-/// else, depends on this crate, so it cannot be this binary's dependency.
+/// else, depends on this crate, so it cannot be a dependency of its tests.
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
@@ -475,8 +476,7 @@ fn fusion(comm: &Communicator) -> serde_json::Value {
     serde_json::json!({ "unfused_ok": ok, "tensors": sizes.len(), "results": results })
 }
 
-fn run() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+fn run(args: Vec<String>) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let scenario = args.first().map(String::as_str).unwrap_or("");
     let arg = |i: usize| -> Result<u64, Box<dyn std::error::Error>> {
         Ok(args.get(i).ok_or_else(|| format!("{scenario}: missing argument {i}"))?.parse()?)
@@ -518,16 +518,20 @@ fn run() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     Ok(serde_json::json!({ "rank": rank, "transport": comm.transport(), "result": result }))
 }
 
-fn main() -> ExitCode {
+/// Runs the scenario `args` names, prints its JSON line, and ends the process
+/// (0: it ran; 1: an error, on stderr).
+pub fn main(args: &str) -> ! {
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(false).init();
-    match run() {
+    let code = match run(args.split_whitespace().map(str::to_string).collect()) {
         Ok(v) => {
             println!("{v}");
-            ExitCode::SUCCESS
+            0
         }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            1
         }
-    }
+    };
+    std::io::stdout().flush().ok();
+    std::process::exit(code)
 }
