@@ -57,44 +57,38 @@
 
 #![deny(missing_docs)]
 
-mod child;
-mod console;
-mod coordinator;
-mod env;
+mod connection;
 mod error;
 mod exit;
 mod launcher;
-mod launchers;
-mod nodelist;
 mod place;
 mod progress;
 mod rank;
-mod relay;
-mod restart;
 mod serve;
-mod served;
-mod signals;
-mod spawn;
-mod supervise;
 pub mod var;
 
-pub use console::{Console, PlainConsole, Stream, prefixed};
-pub use coordinator::{CoordinatorChoice, connect, connection};
-pub use drove_control::launcher::status_message;
+pub use connection::{connection, coordinator_clients};
 /// The names of the metrics and events a run records (`drove report` and the
 /// Prometheus exporter read them).
 pub use drove_metrics::metric_names;
-pub use env::{LaunchEnv, RendezvousKind, coordinator_from_env, token_from_env};
 pub use error::{EnvError, LaunchError};
 pub use exit::{describe, exit_code, signal_exit_code, signal_name};
-pub use launcher::{
-    ElasticLaunch, End, LaunchOutcome, LaunchSpec, MAX_LOCAL_RANKS, check_run_id, default_run_id, launch,
-};
-pub use launchers::{ForeignPlace, Launcher};
-pub use nodelist::{NodeListError, expand as expand_nodelist, first_host};
 pub use place::{launch_env, launch_vars};
 pub use progress::{PROGRESS_PREFIX, Progress, ProgressMode};
-pub use rank::{DEFAULT_RUN_ID, Launched, RankOutcome, Ranks, Start, connect_from_env};
-pub use restart::RestartPolicy;
-pub use served::{CoordinatorSource, LINGER, ServedCoordinator, slurm_default_port};
-pub use supervise::Cause;
+
+// The launcher side.
+pub use drove_control::launcher::status_message;
+pub use launcher::console::{Console, PlainConsole, Stream, prefixed};
+pub use launcher::coordinator::CoordinatorChoice;
+pub use launcher::launch::{
+    ElasticLaunch, End, LaunchOutcome, LaunchSpec, MAX_LOCAL_RANKS, check_run_id, default_run_id, launch,
+};
+pub use launcher::restart::RestartPolicy;
+pub use launcher::supervise::Cause;
+
+// The rank side.
+pub use rank::env::{LaunchEnv, RendezvousKind, coordinator_from_env, token_from_env};
+pub use rank::foreign::{ForeignPlace, Launcher};
+pub use rank::launched::{DEFAULT_RUN_ID, Launched, RankOutcome, Ranks, Start, connect_from_env};
+pub use rank::nodelist::{NodeListError, expand as expand_nodelist, first_host};
+pub use rank::served::{CoordinatorSource, LINGER, ServedCoordinator, slurm_default_port};

@@ -24,11 +24,11 @@ fn ensure(ok: bool, message: impl FnOnce() -> String) -> Result<(), BenchError> 
 }
 
 async fn connect(addr: &str) -> Result<Clients, BenchError> {
-    Ok(drove_launch::connect(addr, None).await?)
+    Ok(drove_launch::coordinator_clients(addr, None).await?)
 }
 
 async fn connect_all(addr: &str, n: usize) -> Result<Vec<Clients>, drove_launch::LaunchError> {
-    futures::future::try_join_all((0..n).map(|_| drove_launch::connect(addr, None))).await
+    futures::future::try_join_all((0..n).map(|_| drove_launch::coordinator_clients(addr, None))).await
 }
 
 /// `workers` concurrent Join calls into one run, each on its own connection.

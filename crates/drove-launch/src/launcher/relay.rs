@@ -3,7 +3,7 @@
 use std::io::{BufRead as _, BufReader, Read};
 use std::sync::{Arc, mpsc};
 
-use crate::console::{Console, Stream};
+use crate::launcher::console::{Console, Stream};
 use crate::progress::Progress;
 
 /// Stack of the relay and wait threads (three per rank; they hold little).

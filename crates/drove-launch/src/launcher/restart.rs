@@ -1,7 +1,7 @@
 //! The restart policy: after a failed attempt, start the whole world again
 //! (torchrun's `--max-restarts`), up to a limit; never after an interruption.
 
-use crate::supervise::Attempt;
+use crate::launcher::supervise::Attempt;
 
 /// How many times a failed world is started again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,7 +42,7 @@ mod tests {
     use std::process::ExitStatus;
 
     use super::*;
-    use crate::supervise::{Cause, Verdict};
+    use crate::launcher::supervise::{Cause, Verdict};
 
     fn attempt(failed_rank: Option<usize>, interrupted: Option<i32>) -> Attempt {
         let statuses = (0..2)

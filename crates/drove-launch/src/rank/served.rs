@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::coordinator::connection;
+use crate::connection::connection;
 use crate::error::LaunchError;
 
 /// Where the ranks' coordinator comes from.

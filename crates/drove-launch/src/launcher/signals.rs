@@ -5,7 +5,7 @@ use std::sync::mpsc;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::error::LaunchError;
-use crate::spawn::Event;
+use crate::launcher::spawn::Event;
 
 /// Forwards SIGINT, SIGTERM and SIGHUP to `tx`. The handlers are installed before
 /// this returns, so from then on these signals no longer end the process.

@@ -29,7 +29,7 @@
 //!    drove rank under `drove run` never binds `MASTER_PORT`: that port is
 //!    PyTorch's store's.
 //!
-//! [`launchers`]: crate::launchers
+//! [`launchers`]: crate::rank::foreign
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,10 +37,10 @@ use std::time::Duration;
 use drove_comm::{CommOptions, Rank, RankRequest, Transport, WorldRange, WorldSize};
 
 use crate::error::EnvError;
-use crate::launchers::{self, ForeignPlace, Launcher};
-use crate::nodelist;
 use crate::progress::ProgressMode;
-use crate::served::{CoordinatorSource, slurm_default_port};
+use crate::rank::foreign::{self, ForeignPlace, Launcher};
+use crate::rank::nodelist;
+use crate::rank::served::{CoordinatorSource, slurm_default_port};
 use crate::var;
 
 /// How the ranks find each other.
@@ -312,7 +312,7 @@ impl<F: Fn(&str) -> Option<String>> Reader<'_, F> {
         lookup: &dyn Fn(&str) -> Option<String>,
         elastic: bool,
     ) -> Result<Option<ForeignPlace>, EnvError> {
-        let foreign = launchers::detect(lookup)?;
+        let foreign = foreign::detect(lookup)?;
         if let Some(p) = foreign.filter(|_| !elastic)
             && let Some(rank) = self.text(var::RANK)
         {

@@ -25,10 +25,10 @@ use drove_control::{
 };
 use drove_metrics::{Delivery, MetricsRecorder, RecorderOptions};
 
-use crate::env::{LaunchEnv, RendezvousKind};
 use crate::error::LaunchError;
 use crate::progress::{Progress, ProgressMode};
-use crate::served::{LINGER, ServedCoordinator};
+use crate::rank::env::{LaunchEnv, RendezvousKind};
+use crate::rank::served::{LINGER, ServedCoordinator};
 use crate::var;
 
 /// The run id metrics go under when the launcher set none.
@@ -144,7 +144,7 @@ impl LaunchEnv {
             .rsplit_once(':')
             .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
             .ok_or_else(|| LaunchError::Spec(format!("the coordinator address {addr:?} has no port")))?;
-        if source == crate::served::CoordinatorSource::SlurmFirstHost
+        if source == crate::rank::served::CoordinatorSource::SlurmFirstHost
             && let Some(node) = self.slurm_node.as_deref().filter(|n| *n != host)
         {
             return Err(LaunchError::Spec(format!(

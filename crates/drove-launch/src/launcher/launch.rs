@@ -7,18 +7,18 @@ use std::time::Duration;
 
 use drove_control::Clients;
 
-use crate::child::TorchWorld;
-use crate::console::Console;
-use crate::coordinator::{
-    CoordinatorChoice, LaunchCoordinator, check_run_is_free, check_run_is_free_or_elastic, connect,
-    leave_all, watch_run,
-};
 use crate::error::LaunchError;
 use crate::exit::signal_exit_code;
-use crate::restart::{Next, RestartPolicy};
-use crate::signals::forward_signals;
-use crate::spawn::{Event, RankCommand};
-use crate::supervise::{Attempt, SlotPolicy, supervise};
+use crate::launcher::child::TorchWorld;
+use crate::launcher::console::Console;
+use crate::launcher::coordinator::{
+    CoordinatorChoice, LaunchCoordinator, check_run_is_free, check_run_is_free_or_elastic, leave_all,
+    watch_run,
+};
+use crate::launcher::restart::{Next, RestartPolicy};
+use crate::launcher::signals::forward_signals;
+use crate::launcher::spawn::{Event, RankCommand};
+use crate::launcher::supervise::{Attempt, SlotPolicy, supervise};
 use crate::var;
 
 /// Most ranks on one host.
@@ -279,13 +279,14 @@ pub fn launch(spec: &LaunchSpec, console: Arc<dyn Console>) -> Result<LaunchOutc
 
 /// Connects within 15 s and checks the run id is free.
 async fn join(addr: &str, spec: &LaunchSpec) -> Result<Clients, LaunchError> {
-    let mut clients = tokio::time::timeout(Duration::from_secs(15), connect(addr, spec.token.as_deref()))
-        .await
-        .map_err(|_| {
-            LaunchError::Coordinator(format!(
-                "the coordinator at {addr} did not accept a connection within 15 s"
-            ))
-        })??;
+    let mut clients = tokio::time::timeout(
+        Duration::from_secs(15),
+        crate::connection::coordinator_clients(addr, spec.token.as_deref()),
+    )
+    .await
+    .map_err(|_| {
+        LaunchError::Coordinator(format!("the coordinator at {addr} did not accept a connection within 15 s"))
+    })??;
     match spec.elastic {
         // A second elastic launch adds its ranks to the running run.
         Some(_) => check_run_is_free_or_elastic(&mut clients, &spec.run_id).await?,

@@ -8,10 +8,10 @@ use std::process::ExitStatus;
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use crate::console::Console;
 use crate::error::LaunchError;
 use crate::exit::{describe, exit_code, signal_name};
-use crate::spawn::{Event, RankCommand, Started, signal_group, spawn_slot, spawn_world};
+use crate::launcher::console::Console;
+use crate::launcher::spawn::{Event, RankCommand, Started, signal_group, spawn_slot, spawn_world};
 
 /// Why the ranks are being stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,10 +9,10 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, mpsc};
 
-use crate::child::rank_vars;
-use crate::console::{Console, Stream};
 use crate::error::LaunchError;
-use crate::relay::{THREAD_STACK, relay};
+use crate::launcher::child::rank_vars;
+use crate::launcher::console::{Console, Stream};
+use crate::launcher::relay::{THREAD_STACK, relay};
 use crate::var;
 
 /// What the supervisor hears about.

@@ -6,12 +6,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use drove_control::{Authed, Clients, Connection, launcher};
+use drove_control::{Authed, Clients, launcher};
 use drove_proto::v1::rendezvous_client::RendezvousClient;
 
 use crate::error::LaunchError;
-use crate::spawn::Event;
-use crate::supervise::Attempt;
+use crate::launcher::spawn::Event;
+use crate::launcher::supervise::Attempt;
 
 /// Which coordinator the ranks meet at.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,18 +74,6 @@ impl LaunchCoordinator {
             drop(store);
         }
     }
-}
-
-/// How to reach the coordinator at `addr` (`host:port` or a URL) with `token`
-/// (if any), trusting the CA named by `DROVE_TLS_CA` for `https://`.
-pub fn connection(addr: &str, token: Option<&str>) -> Connection {
-    Connection::new(addr, token).with_tls_ca(std::env::var_os(crate::var::TLS_CA).map(PathBuf::from))
-}
-
-/// Connects to the coordinator at `addr` with `token` (see [`connection`]).
-/// The error names the address and the cause.
-pub async fn connect(addr: &str, token: Option<&str>) -> Result<Clients, LaunchError> {
-    connection(addr, token).connect().await.map_err(|e| LaunchError::Coordinator(e.to_string()))
 }
 
 pub(crate) async fn check_run_is_free(clients: &mut Clients, run_id: &str) -> Result<(), LaunchError> {
