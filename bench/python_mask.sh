@@ -4,7 +4,7 @@
 # random.random() loop, interleaved in one run; prints one JSON object (medians and
 # ratios). Makes its own venv (target/bench-python-venv) from
 # bench/python-requirements.txt, installs the wheel that scripts/python-package.sh
-# built (target/wheels/drove-*.whl, with --no-deps), fetches the assets if missing
+# built (target/wheels*/drove-*.whl, with --no-deps), fetches the assets if missing
 # (the MiniLM vocabulary, for the collator's tokenizer), then runs
 # bench/python_mask.py with the arguments given. Not part of CI.
 #
@@ -12,9 +12,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 venv=target/bench-python-venv
-wheel="$(ls -t target/wheels/drove-*.whl 2>/dev/null | head -n 1 || true)"
+wheel="$(ls -t target/wheels*/drove-*.whl 2>/dev/null | head -n 1 || true)"
 if [ -z "$wheel" ]; then
-    echo "python_mask: no target/wheels/drove-*.whl; build it with bash scripts/python-package.sh" >&2
+    echo "python_mask: no target/wheels*/drove-*.whl; build it with bash scripts/python-package.sh" >&2
     exit 1
 fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"

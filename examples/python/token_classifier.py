@@ -129,8 +129,9 @@ def loader(args: argparse.Namespace, rank: int, world: int) -> torch.utils.data.
         sampler = torch.utils.data.DistributedSampler(data, num_replicas=world, rank=rank, seed=args.seed)
         init = None
     else:
-        sampler = drove.torch.DistributedSampler(data, num_replicas=world, rank=rank, seed=args.seed)
-        init = drove.torch.worker_init_fn(args.seed, rank=rank)
+        # As the README shows: the rank and world come from torch.distributed.
+        sampler = drove.torch.DistributedSampler(data, seed=args.seed)
+        init = drove.torch.worker_init_fn(args.seed)
     if args.masker == "drove":
         masker = drove.Masker(mask_token=MASK, vocab_size=VOCAB, probability=PROBABILITY)
         data = drove.torch.MaskedDataset(data, masker, seed=args.seed, special_tokens=SPECIAL)

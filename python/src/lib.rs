@@ -24,22 +24,11 @@ use pyo3::types::PyDict;
 /// `metric_names`), so Python and Rust cannot drift apart.
 fn metric_names<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    for (key, name) in [
-        ("LOSS", names::LOSS),
-        ("LR", names::LR),
-        ("GRAD_NORM", names::GRAD_NORM),
-        ("TOKENS_PER_S", names::TOKENS_PER_S),
-        ("SENTENCES_PER_S", names::SENTENCES_PER_S),
-        ("EPOCH", names::EPOCH),
-        ("MASK_AGREEMENT", names::MASK_AGREEMENT),
-        ("MASK_AGREEMENT_EXPECTED", names::MASK_AGREEMENT_EXPECTED),
-        ("MASK_AGREEMENT_SIGMA", names::MASK_AGREEMENT_SIGMA),
-        ("GRAD_COSINE", names::GRAD_COSINE),
-        ("WORLD_SIZE", names::WORLD_SIZE),
-        ("DIVERSITY_ALARM", names::DIVERSITY_ALARM),
-        ("EVENT_DIVERSITY_ALARM", names::event::DIVERSITY_ALARM),
-    ] {
-        d.set_item(key, name)?;
+    for (key, name) in names::ALL {
+        d.set_item(*key, *name)?;
+    }
+    for (key, name) in names::event::ALL {
+        d.set_item(format!("EVENT_{key}"), *name)?;
     }
     Ok(d)
 }

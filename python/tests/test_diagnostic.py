@@ -151,6 +151,16 @@ class Recorded(unittest.TestCase):
         self.assertEqual(sinks[0].events[0][:2], (7, "diversity_alarm"))
 
 
+class Names(unittest.TestCase):
+    def test_every_recorded_name_reaches_python(self):
+        # drove-proto lists every name it declares; none is copied by hand.
+        names = drove.metric_names
+        for key, name in (("GENERATION", "generation"), ("EVENT_OPTIONS", "options"),
+                          ("EVENT_REFORM", "reform"), ("GRAD_COSINE", "grad_cosine")):
+            self.assertEqual(names[key], name)
+        self.assertEqual(len(names), 16)
+
+
 class Panics(unittest.TestCase):
     def test_a_panic_in_the_extension_is_a_python_exception(self):
         from drove import _drove

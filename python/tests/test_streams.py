@@ -92,9 +92,6 @@ class BadInput(unittest.TestCase):
             drove.replay_outputs(42)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class PerSample(unittest.TestCase):
     @unittest.skipUnless(HAVE_DROVE, "DROVE_BIN names no drove binary")
@@ -119,3 +116,7 @@ class PerSample(unittest.TestCase):
             drove.SampleStreams(seed=1, purpose="naive")
         with self.assertRaisesRegex(ValueError, "derived_seed"):
             drove.replay_sample_outputs("xyz", 1)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -5,6 +5,7 @@ the Rust crates, the diagnostic over gloo, and drove.horovod beside it."""
 import json
 import os
 import random
+import subprocess
 import unittest
 
 import numpy as np
@@ -25,6 +26,7 @@ else:
 import drove
 
 FIXTURE = os.environ.get("DROVE_MASK_FIXTURE")
+DROVE = os.environ.get("DROVE_BIN", "")
 
 
 class Draws(torch.utils.data.Dataset if torch else object):
@@ -36,6 +38,18 @@ class Draws(torch.utils.data.Dataset if torch else object):
     def __getitem__(self, i):
         info = torch.utils.data.get_worker_info()
         return (random.random(), float(np.random.random()), float(torch.rand(())), info.id)
+
+
+class FirstDraws(torch.utils.data.Dataset if torch else object):
+    """Item w, loaded by worker w: its id, its loader's epoch seed, and its first draws."""
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        assert info.id == i, "each of the two workers loads its own item"
+        return (info.id, info.seed - info.id, random.random(), float(np.random.random()), float(torch.rand(())))
 
 
 def draws(seeder, start_method, persistent=False, epochs=1):
@@ -78,10 +92,30 @@ class WorkerSeeding(unittest.TestCase):
                 first, second = draws(dt.worker_init_fn(42, rank=0), "fork", persistent, epochs=2)
                 self.assertFalse(set(first) & set(second))
 
-    def test_the_worker_key_is_drove_seeds(self):
+    @unittest.skipUnless(os.access(DROVE, os.X_OK), "DROVE_BIN names no drove binary (%r)" % DROVE)
+    def test_a_worker_draws_what_drove_seed_gives_its_key(self):
+        # The oracle is the Rust side: `drove seed` prints the outputs of the
+        # key (seed, rank, worker, the loader's epoch seed); a worker seeded by
+        # worker_init_fn must draw from random, NumPy and torch what those
+        # outputs seed, whatever start method made it.
+        for method in ("fork", "spawn"):
+            with self.subTest(start_method=method):
+                loader = torch.utils.data.DataLoader(
+                    FirstDraws(), batch_size=None, num_workers=2, worker_init_fn=dt.worker_init_fn(42, rank=3),
+                    multiprocessing_context=method)
+                for worker, loader_seed, py, npy, th in loader:
+                    out = subprocess.run(
+                        [DROVE, "seed", "--json", "--purpose", "augment", "--seed", "42", "--rank", "3",
+                         "--worker", str(worker), "--epoch", str(loader_seed % 2**64), "--count", "5"],
+                        check=True, capture_output=True, text=True).stdout
+                    o = [int(v, 16) for v in json.loads(out)["outputs"]]
+                    self.assertEqual(py, random.Random(o[0] | (o[1] << 64)).random())
+                    words = [w for v in o[2:4] for w in (v & 0xFFFFFFFF, v >> 32)]
+                    self.assertEqual(npy, float(np.random.RandomState(words).random_sample()))
+                    self.assertEqual(th, float(torch.rand((), generator=torch.Generator().manual_seed(o[4]))))
+
+    def test_the_seeder_pickles_for_spawn(self):
         seeder = dt.worker_init_fn(42, rank=3)
-        self.assertEqual(seeder.key(2, 1234).derived_seed(),
-                         drove.StreamKey.augment(seed=42, rank=3, worker=2, epoch=1234).derived_seed())
         import pickle
         self.assertEqual(repr(pickle.loads(pickle.dumps(seeder))), "WorkerSeeder(seed=42, rank=3)")
 

@@ -20,46 +20,16 @@ use drove_launch::Progress;
 /// The example's binary, built once per test process.
 ///
 /// `cargo test --all-targets` compiles examples as test harnesses only, so
-/// the runnable example is built here with the cargo that runs the tests, in
-/// the same profile and target folder (the build lock is free while tests run;
-/// the dependencies are the ones just built, so this compiles one file).
+/// the runnable example is built here, as the tests were (the build lock is
+/// free while tests run; this links one file).
 fn example() -> PathBuf {
-    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BUILT.get_or_init(build_example).clone().unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn build_example() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("the test's own path: {e}"))?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| format!("{} is not under target/<profile>/deps", exe.display()))?;
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(other) => other,
-        None => return Err(format!("no profile folder above {}", exe.display())),
-    };
-    let target_dir = profile_dir.parent().ok_or("no target folder above the profile")?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(&cargo)
-        .args(["build", "--quiet", "-p", "drove-cli", "--example", "own_model", "--profile", profile])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .map_err(|e| format!("running {}: {e}", Path::new(&cargo).display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "building the own_model example failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let path = profile_dir.join("examples").join(format!("own_model{}", std::env::consts::EXE_SUFFIX));
-    if !path.exists() {
-        return Err(format!("cargo built the example but {} is missing", path.display()));
-    }
-    Ok(path)
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = common::build_like_this_test(&["--example", "own_model"]);
+            dir.join("examples").join(format!("own_model{}", std::env::consts::EXE_SUFFIX))
+        })
+        .clone()
 }
 
 fn own_model(args: &[&str]) -> Command {

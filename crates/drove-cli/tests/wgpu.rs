@@ -99,6 +99,15 @@ fn train(dir: &Path, np: usize, sentences: usize, out: &str, extra: &[&str]) -> 
     let proc = Proc::spawn(&mut cmd);
     let (status, _, err) = proc.finish(DEADLINE);
     assert!(status.success(), "{extra:?}: {status}\n{err}");
+    // A run asked for wgpu trains on lavapipe, every rank of it: never on flex
+    // by a silent fallback.
+    let on_wgpu = err.matches("training on wgpu:0 llvmpipe").count();
+    let asked = extra.windows(2).any(|w| w[0] == "--device" && w[1].starts_with("wgpu"));
+    assert_eq!(
+        on_wgpu,
+        if asked { np } else { 0 },
+        "{extra:?}: ranks naming lavapipe as their adapter:\n{err}"
+    );
     read_latest(&out.join("checkpoints"))
 }
 

@@ -15,45 +15,62 @@
 //! assert_eq!(Score::Recall.set_of("valid_f1"), None);
 //! ```
 
-/// The training loss of a step (the rank's share of the global loss).
-pub const LOSS: &str = "loss";
-/// The learning rate a step was taken at.
-pub const LR: &str = "lr";
-/// The global gradient norm before clipping.
-pub const GRAD_NORM: &str = "grad_norm";
-/// Sentences per second of all ranks.
-pub const SENTENCES_PER_S: &str = "sentences_per_s";
-/// Tokens per second of the rank.
-pub const TOKENS_PER_S: &str = "tokens_per_s";
-/// The epoch a step belongs to.
-pub const EPOCH: &str = "epoch";
-/// The fraction of positions masked alike across ranks (a diagnosed step).
-pub const MASK_AGREEMENT: &str = "mask_agreement";
-/// The agreement independent masks would have.
-pub const MASK_AGREEMENT_EXPECTED: &str = "mask_agreement_expected";
-/// The standard deviation of the agreement of independent masks.
-pub const MASK_AGREEMENT_SIGMA: &str = "mask_agreement_sigma";
-/// The mean cosine between the ranks' local gradients (a diagnosed step).
-pub const GRAD_COSINE: &str = "grad_cosine";
-/// The number of ranks that took a step (an elastic run's world changes).
-pub const WORLD_SIZE: &str = "world_size";
-/// The generation (world) of an elastic run a step was taken in; 0 for a
-/// fixed world.
-pub const GENERATION: &str = "generation";
-/// 1 at a step where the diversity alarm went off (also an [`event`] kind).
-pub const DIVERSITY_ALARM: &str = "diversity_alarm";
+/// Declares each name as a constant and lists them all in `ALL`, so a reader
+/// that needs every name (the Python package's `drove.metric_names`) cannot
+/// miss one.
+macro_rules! names {
+    ($what:literal; $($(#[$doc:meta])* $key:ident = $value:expr;)*) => {
+        $($(#[$doc])* pub const $key: &str = $value;)*
+        #[doc = concat!("Every ", $what, ": (the constant's name, the name), in declaration order.")]
+        pub const ALL: &[(&str, &str)] = &[$((stringify!($key), $key)),*];
+    };
+}
+
+names! {
+    "metric name";
+    /// The training loss of a step (the rank's share of the global loss).
+    LOSS = "loss";
+    /// The learning rate a step was taken at.
+    LR = "lr";
+    /// The global gradient norm before clipping.
+    GRAD_NORM = "grad_norm";
+    /// Sentences per second of all ranks.
+    SENTENCES_PER_S = "sentences_per_s";
+    /// Tokens per second of the rank.
+    TOKENS_PER_S = "tokens_per_s";
+    /// The epoch a step belongs to.
+    EPOCH = "epoch";
+    /// The fraction of positions masked alike across ranks (a diagnosed step).
+    MASK_AGREEMENT = "mask_agreement";
+    /// The agreement independent masks would have.
+    MASK_AGREEMENT_EXPECTED = "mask_agreement_expected";
+    /// The standard deviation of the agreement of independent masks.
+    MASK_AGREEMENT_SIGMA = "mask_agreement_sigma";
+    /// The mean cosine between the ranks' local gradients (a diagnosed step).
+    GRAD_COSINE = "grad_cosine";
+    /// The number of ranks that took a step (an elastic run's world changes).
+    WORLD_SIZE = "world_size";
+    /// The generation (world) of an elastic run a step was taken in; 0 for a
+    /// fixed world.
+    GENERATION = "generation";
+    /// 1 at a step where the diversity alarm went off (also an [`event`] kind).
+    DIVERSITY_ALARM = "diversity_alarm";
+}
 
 /// The kinds of a run's events.
 pub mod event {
-    /// The run's options, a JSON object (rank 0, at step 0).
-    pub const OPTIONS: &str = "options";
-    /// The masks were found identical (or anti-correlated) across ranks; the
-    /// message says why.
-    pub const DIVERSITY_ALARM: &str = super::DIVERSITY_ALARM;
-    /// An elastic run's world re-formed (rank 0 of the new world, at the
-    /// last step applied before it); the message says which generation, its
-    /// world size and why.
-    pub const REFORM: &str = "reform";
+    names! {
+        "event kind";
+        /// The run's options, a JSON object (rank 0, at step 0).
+        OPTIONS = "options";
+        /// The masks were found identical (or anti-correlated) across ranks; the
+        /// message says why.
+        DIVERSITY_ALARM = super::DIVERSITY_ALARM;
+        /// An elastic run's world re-formed (rank 0 of the new world, at the
+        /// last step applied before it); the message says which generation, its
+        /// world size and why.
+        REFORM = "reform";
+    }
 }
 
 /// A score of an evaluation on a named set, recorded as `SET_f1`,
@@ -110,6 +127,20 @@ pub fn recall(set: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_name_is_listed_once() {
+        assert_eq!(ALL.len(), 13);
+        assert!(ALL.contains(&("GENERATION", "generation")));
+        assert_eq!(
+            event::ALL,
+            [("OPTIONS", "options"), ("DIVERSITY_ALARM", "diversity_alarm"), ("REFORM", "reform")]
+        );
+        let mut names: Vec<&str> = ALL.iter().map(|(_, n)| *n).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), ALL.len(), "two constants share a name");
+    }
 
     #[test]
     fn scores_name_a_set_and_read_it_back() {

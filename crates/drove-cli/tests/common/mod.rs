@@ -279,33 +279,46 @@ impl Drop for Proc {
     }
 }
 
-/// `drove-coordinator`, built in this test's profile and target folder (the
-/// workspace build has built it already, so this only checks it is fresh).
-pub fn coordinator_binary() -> PathBuf {
+/// Builds `target` (`["--bin", NAME]`, `["--example", NAME]`) with the cargo
+/// that runs the tests, in this test's profile and target folder, with the
+/// features this test was built with, resolved over the whole workspace as
+/// the test build resolved them: so cargo finds everything built and at most
+/// links the one target (with other features it would build burn and the rest
+/// again, for minutes). Returns the profile folder (`target/debug`).
+pub fn build_like_this_test(target: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps").to_path_buf();
     let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") => "dev",
         Some(other) => other,
         None => panic!("no profile folder above {}", exe.display()),
     };
+    let features: Vec<&str> = [
+        ("cuda", cfg!(feature = "cuda")),
+        ("nccl", cfg!(feature = "nccl")),
+        ("wgpu", cfg!(feature = "wgpu")),
+        ("autotune", cfg!(feature = "autotune")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = run(Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "drove-coordinator",
-            "--bin",
-            "drove-coordinator",
-            "--profile",
-            profile,
-        ])
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "--quiet", "--workspace", "--profile", profile]).args(target);
+    if !features.is_empty() {
+        cmd.args(["--features", &features.join(",")]);
+    }
+    let out = run(cmd
         .arg("--target-dir")
         .arg(profile_dir.parent().expect("a target folder"))
         .current_dir(env!("CARGO_MANIFEST_DIR")));
-    assert!(out.status.success(), "building drove-coordinator: {}", text(&out));
-    profile_dir.join("drove-coordinator")
+    assert!(out.status.success(), "building {target:?}: {}", text(&out));
+    profile_dir
+}
+
+/// `drove-coordinator`, built as the tests were (see [`build_like_this_test`]).
+pub fn coordinator_binary() -> PathBuf {
+    build_like_this_test(&["--bin", "drove-coordinator"]).join("drove-coordinator")
 }
 
 /// A free loopback port (bound, then released).
