@@ -7,10 +7,11 @@
 //! `cargo run --release --example seeding_bug`
 use std::sync::Arc;
 
-use drove::collate::diag::{self, AgreementAccumulator, RowMasks};
+use drove::collate::diag;
 use drove::collate::{
     Collator, DistributedSampler, Example, Loader, LoaderConfig, MaskConfig, MaskSeeding, Masker, Padding,
 };
+use drove::diagnostic::{AgreementAccumulator, RowMasks, expected_agreement};
 
 const WORLD: usize = 4;
 const WORKERS: usize = 4;
@@ -58,5 +59,5 @@ fn main() {
     println!("cross-rank mask agreement, {WORLD} ranks x {WORKERS} workers, p = {P}");
     println!("  broken (one seed copied everywhere): {broken:.3}");
     println!("  fixed  (streams derived per sample): {fixed:.3}");
-    println!("  independent masks would give p^2 + (1-p)^2 = {:.3}", diag::expected_agreement(P));
+    println!("  independent masks would give p^2 + (1-p)^2 = {:.3}", expected_agreement(P));
 }

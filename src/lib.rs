@@ -8,9 +8,11 @@
 //!
 //! - [`seed`]: derivation of independent random streams from a whole key.
 //! - [`collate`]: CoNLL reading, WordPiece alignment, MLM-style masking, the
-//!   distributed sampler, padding and the worker pool, and the mask-agreement
-//!   diagnostic.
+//!   distributed sampler, padding and the worker pool, and the diagnostic on
+//!   simulated ranks.
+//! - [`diagnostic`]: mask agreement, gradient cosine and their verdict.
 #![deny(missing_docs)]
 
 pub use drove_collate as collate;
+pub use drove_diagnostic as diagnostic;
 pub use drove_seed as seed;

@@ -9,13 +9,13 @@ mask's shape), so a rank with an unusable mask or a different shape makes
 *every* rank raise the same ``MaskShapeError`` naming it, never a hang.
 """
 
-import itertools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _recorder
 from ._drove import AgreementReport, agreement, metric_names
+from ._drove import grad_cosine as _grad_cosine
 
 Gather = Callable[[np.ndarray], np.ndarray]
 
@@ -151,12 +151,10 @@ def _record_agreement(metrics: Any, rank: int, step: int, report: AgreementRepor
 class GradCosine:
     """Cosine similarity between the ranks' local gradients of one parameter."""
 
-    def __init__(self, matrix: np.ndarray) -> None:
-        self.matrix: List[List[float]] = matrix.tolist()
-        world = matrix.shape[0]
-        pairs = [matrix[a, b] for a, b in itertools.combinations(range(world), 2)]
-        self.mean: float = float(np.mean(pairs)) if pairs else 1.0
-        self.world_size: int = world
+    def __init__(self, matrix: List[List[float]], mean: float) -> None:
+        self.matrix: List[List[float]] = matrix
+        self.mean: float = mean
+        self.world_size: int = len(matrix)
 
     def to_dict(self) -> Dict[str, Union[float, int, List[List[float]]]]:
         return {"mean": self.mean, "world_size": self.world_size, "matrix": self.matrix}
@@ -185,10 +183,8 @@ def grad_cosine(
             status = _NOT_NUMBERS
     _check_headers("grad_cosine", gather(np.array([status, local.size], np.int64)), ("values",))
     every = gather(local)
-    norms = np.linalg.norm(every, axis=1)
-    norms[norms == 0] = 1.0
-    unit = every / norms[:, None]
-    result = GradCosine(unit @ unit.T)
+    # drove-diagnostic's cosine, the one the Rust trainer records.
+    result = GradCosine(*_grad_cosine(np.ascontiguousarray(every, np.float64)))
     recorder = _metrics(metrics)
     if recorder is not None and world_size > 1:
         recorder.record(step, metric_names["GRAD_COSINE"], result.mean)

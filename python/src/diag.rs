@@ -4,8 +4,8 @@
 //! the 3-sigma band of independent masks, by the same code as `drove train
 //! ner`'s diagnostic.
 
-use drove_collate::diag::{AgreementAccumulator, AgreementReport as Inner, RowMasks};
-use numpy::{PyReadonlyArray3, PyUntypedArrayMethods};
+use drove_diagnostic::{AgreementAccumulator, AgreementReport as Inner, GradCosine, RowMasks};
+use numpy::{PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -175,5 +175,21 @@ pub(crate) fn expected_agreement(probability: f64) -> PyResult<f64> {
     if !(0.0..=1.0).contains(&probability) {
         return Err(PyValueError::new_err(format!("probability must be in [0, 1], got {probability}")));
     }
-    Ok(drove_collate::diag::expected_agreement(probability))
+    Ok(drove_diagnostic::expected_agreement(probability))
+}
+
+/// The cosine of every pair of ranks' gradients: `gradients[r]` is rank `r`'s
+/// (ranks x values, float64). Returns `(matrix, mean over pairs)`, as
+/// drove-diagnostic's `GradCosine` computes it for the Rust trainer.
+#[pyfunction]
+pub(crate) fn grad_cosine(py: Python<'_>, gradients: &Bound<'_, PyAny>) -> PyResult<(Vec<Vec<f64>>, f64)> {
+    let gradients = gradients.extract::<PyReadonlyArray2<'_, f64>>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "gradients must be a 2-D NumPy array of float64 (ranks x values), got {}",
+            described(gradients)
+        ))
+    })?;
+    let rows: Vec<Vec<f64>> = gradients.as_array().rows().into_iter().map(|r| r.to_vec()).collect();
+    let result = py.detach(|| GradCosine::of(&rows));
+    Ok((result.matrix, result.mean))
 }

@@ -52,6 +52,7 @@ fn _drove(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<diag::AgreementReport>()?;
     m.add_function(wrap_pyfunction!(diag::agreement, m)?)?;
     m.add_function(wrap_pyfunction!(diag::expected_agreement, m)?)?;
+    m.add_function(wrap_pyfunction!(diag::grad_cosine, m)?)?;
     m.add_class::<metrics::Metrics>()?;
     m.add_function(wrap_pyfunction!(progress::progress, m)?)?;
     m.add("metric_names", metric_names(m.py())?)?;

@@ -8,7 +8,7 @@ import unittest
 import numpy as np
 
 import drove
-from drove import _diagnostic
+from drove import _diagnostic, _drove
 
 from world import ThreadWorld
 
@@ -112,6 +112,21 @@ class Gathered(unittest.TestCase):
             self.assertAlmostEqual(result.matrix[0][1], 1.0)
             self.assertAlmostEqual(result.matrix[0][2], -1.0)
             self.assertAlmostEqual(result.mean, (1.0 - 1.0 - 1.0) / 3)
+
+    def test_grad_cosine_is_the_rust_one_and_matches_numpy(self):
+        # drove-diagnostic computes it (as for the Rust trainer); NumPy is the oracle.
+        rng = np.random.default_rng(7)
+        every = np.vstack([rng.standard_normal(50), rng.standard_normal(50), np.zeros(50)])
+        matrix, mean = _drove.grad_cosine(every)
+        norms = np.linalg.norm(every, axis=1)
+        norms[norms == 0] = 1.0
+        unit = every / norms[:, None]
+        expected = unit @ unit.T
+        np.testing.assert_allclose(np.array(matrix), expected, atol=1e-12)
+        self.assertAlmostEqual(mean, (expected[0, 1] + expected[0, 2] + expected[1, 2]) / 3, places=12)
+        self.assertEqual(matrix[2][2], 0.0)
+        with self.assertRaisesRegex(TypeError, "2-D NumPy array of float64"):
+            _drove.grad_cosine(np.ones(3))
 
     def test_a_missing_gradient_is_named_on_every_rank(self):
         world = ThreadWorld(2)

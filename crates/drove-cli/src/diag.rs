@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use anyhow::{Context, ensure};
 use clap::Args;
 use drove_collate::MaskSeeding;
-use drove_collate::diag::{self, AgreementReport, Simulation, Verdict};
+use drove_collate::diag::{self, Simulation};
+use drove_diagnostic::{AgreementReport, Verdict};
 
 use crate::parse;
 
@@ -174,16 +175,16 @@ fn human_report(sim: &Simulation, report: &AgreementReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drove_collate::diag::AgreementAccumulator;
+    use drove_diagnostic::{AgreementAccumulator, RowMasks};
 
     fn report(mean_agrees: bool) -> AgreementReport {
         // Two ranks, one row of 4 maskable positions, over many steps.
         let mut acc = AgreementAccumulator::new(2, 0.5);
-        let a = diag::RowMasks { width: 4, chosen: vec![true, false, true, false], maskable: vec![true; 4] };
+        let a = RowMasks { width: 4, chosen: vec![true, false, true, false], maskable: vec![true; 4] };
         let b = if mean_agrees {
             a.clone()
         } else {
-            diag::RowMasks { width: 4, chosen: vec![true, true, false, false], maskable: vec![true; 4] }
+            RowMasks { width: 4, chosen: vec![true, true, false, false], maskable: vec![true; 4] }
         };
         for _ in 0..200 {
             acc.add_step(&[a.clone(), b.clone()]);

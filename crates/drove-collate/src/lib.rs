@@ -15,7 +15,8 @@
 //!   stream.
 //! - [`entities`]: entity-level precision, recall and F1 (conlleval/seqeval
 //!   default mode) as counts that ranks can sum.
-//! - [`diag`]: cross-rank mask agreement, and a simulated run to measure it.
+//! - [`diag`]: a simulated run of every rank's loader, its masks compared by
+//!   `drove-diagnostic` (the agreement, its band and the verdict live there).
 //!
 //! The one design decision that matters: **the masker draws one number for every
 //! position of the padded row**, so stream consumption does not depend on the data.

@@ -1,9 +1,8 @@
 //! The diagnostic reproduces the story: naive seeding agrees everywhere, derived
 //! seeding agrees as independent masks do.
 use drove_collate::MaskSeeding;
-use drove_collate::diag::{
-    AgreementAccumulator, RowMasks, Simulation, Verdict, expected_agreement, simulate,
-};
+use drove_collate::diag::{Simulation, simulate};
+use drove_diagnostic::{AgreementAccumulator, RowMasks, Verdict, expected_agreement};
 
 #[test]
 fn naive_seeding_gives_identical_masks_across_ranks() {

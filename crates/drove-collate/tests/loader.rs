@@ -162,7 +162,7 @@ fn per_worker_streams_differ_between_workers_and_naive_ones_do_not() {
     let chosen_of = |seeding| {
         let cfg = LoaderConfig { batch_size: 8, workers: 2, seeding, ..LoaderConfig::default() };
         let loader = Loader::new(Arc::clone(&d), sampler.clone(), Arc::clone(&collator), cfg).unwrap();
-        loader.epoch(0).map(|b| drove_collate::diag::RowMasks::from(&b.unwrap())).collect::<Vec<_>>()
+        loader.epoch(0).map(|b| drove_diagnostic::RowMasks::from(&b.unwrap())).collect::<Vec<_>>()
     };
     // Batches 0 and 1 are the first batch of workers 0 and 1: compared where
     // maskable on both, naive workers agree everywhere.
@@ -240,7 +240,7 @@ fn a_stream_width_makes_sequential_masks_independent_of_the_padding() {
         };
         let mut rng = drove_seed::StreamKey::naive(42).pcg64();
         let b = c.collate(rows, &[0, 1, 2, 3, 4, 5, 6, 7], MaskSource::Sequential(&mut rng)).unwrap();
-        drove_collate::diag::RowMasks::from(&b)
+        drove_diagnostic::RowMasks::from(&b)
     };
     let (a, b) = (masks(short, Some(64)), masks(long, Some(64)));
     assert_ne!(a.width, b.width, "the fixture needs batches of different widths");

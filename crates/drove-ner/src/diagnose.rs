@@ -2,9 +2,8 @@
 //! parameter, compared across ranks at a diagnosed step.
 
 use drove_collate::Batch;
-use drove_collate::diag::{AgreementAccumulator, RowMasks};
 use drove_collective::{Buffer, Collective, Element};
-use drove_train::flat::cosine;
+use drove_diagnostic::{AgreementAccumulator, GradCosine, RowMasks};
 
 use crate::{DiagnoseReport, NerError, NerOptions, Observer};
 
@@ -60,13 +59,6 @@ pub(crate) fn diagnose(
     let gathered = comm.all_gather("diagnose.gradient", &[grad.len()], f32::tensor_ref(grad))?;
     let Buffer::F32(all) = gathered.data else { unreachable!("gathered f32") };
     let grads = split_gathered(&all, &gathered.first_dims);
-    let (mut sum, mut pairs) = (0f64, 0u64);
-    for a in 0..grads.len() {
-        for b in a + 1..grads.len() {
-            sum += cosine(&grads[a], &grads[b]);
-            pairs += 1;
-        }
-    }
     let report = this_step.report();
     Ok(DiagnoseReport {
         step,
@@ -74,7 +66,7 @@ pub(crate) fn diagnose(
         mask_agreement: report.mean_agreement,
         mask_expected: report.expected,
         mask_sigma: report.sigma,
-        grad_cosine: if pairs == 0 { 1.0 } else { sum / pairs as f64 },
+        grad_cosine: GradCosine::of(&grads).mean,
     })
 }
 

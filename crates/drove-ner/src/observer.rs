@@ -1,7 +1,7 @@
 //! What the loop tells its caller as it goes: the [`Observer`] and the reports
 //! it is given (a step, a re-formed world, a diagnostic comparison).
 
-use drove_collate::diag::AgreementReport;
+use drove_diagnostic::AgreementReport;
 
 use crate::EvalReport;
 

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use drove_collate::diag::{AgreementAccumulator, AgreementReport};
+use drove_diagnostic::{AgreementAccumulator, AgreementReport};
 
 use crate::EvalReport;
 

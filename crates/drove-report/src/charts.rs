@@ -335,24 +335,35 @@ fn mask_agreement(stats: &dyn Fn(&str) -> Vec<StepStats>) -> Option<Chart> {
     Some(c)
 }
 
-/// The agreement values of a mask chart and how many lie outside its band
-/// (`None` for a chart without agreement).
-pub fn outside_band(chart: &Chart) -> Option<(Vec<f64>, usize)> {
+/// The agreement values of a mask chart and how many lie above and below its
+/// band.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BandSides {
+    /// The agreement at each diagnosed step.
+    pub agreement: Vec<f64>,
+    /// Steps above the band (masks more alike than independent ones).
+    pub above: usize,
+    /// Steps below it (masks less alike: complementary).
+    pub below: usize,
+}
+
+/// Where a mask chart's agreement lies against its band (`None` for a chart
+/// without agreement).
+pub fn band_sides(chart: &Chart) -> Option<BandSides> {
     let agreement = chart.series.iter().find(|s| s.label == AGREEMENT)?;
     let band = chart.series.iter().find(|s| s.kind == Kind::Band);
-    let outside = agreement
-        .x
-        .iter()
-        .zip(&agreement.y)
-        .filter(|(x, y)| {
-            band.and_then(|b| {
-                let i = b.x.iter().position(|bx| bx == *x)?;
-                Some(**y > b.y[i] || **y < b.low.as_ref()?[i])
-            })
-            .unwrap_or(false)
-        })
-        .count();
-    Some((agreement.y.clone(), outside))
+    let (mut above, mut below) = (0, 0);
+    for (x, y) in agreement.x.iter().zip(&agreement.y) {
+        let Some((high, low)) = band.and_then(|b| {
+            let i = b.x.iter().position(|bx| bx == x)?;
+            Some((b.y[i], b.low.as_ref()?[i]))
+        }) else {
+            continue;
+        };
+        above += usize::from(*y > high);
+        below += usize::from(*y < low);
+    }
+    Some(BandSides { agreement: agreement.y.clone(), above, below })
 }
 
 /// Registers DejaVu Sans as plotters' "sans-serif" once.
@@ -532,14 +543,15 @@ impl Series {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn p(name: &str, step: f64, rank: i32, value: f64) -> Point {
         Point { name: name.into(), step, rank, value }
     }
 
-    fn run(points: Vec<Point>) -> RunData {
+    /// A finished run of two ranks holding `points` and no events.
+    pub(crate) fn run(points: Vec<Point>) -> RunData {
         RunData {
             run_id: "r".into(),
             state: drove_proto::v1::RunState::Finished,
@@ -611,7 +623,7 @@ mod tests {
         );
         let band = &masks.series[0];
         assert!((band.y[0] - 0.775).abs() < 1e-12 && (band.low.as_ref().unwrap()[0] - 0.715).abs() < 1e-12);
-        assert_eq!(outside_band(masks), Some((vec![0.75, 0.99], 1)));
+        assert_eq!(band_sides(masks), Some(BandSides { agreement: vec![0.75, 0.99], above: 1, below: 0 }));
     }
 
     #[test]

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use drove_coordinator::store::{self, EventRow, Filter, Store};
 use drove_proto::metric_names;
 use drove_proto::v1::{QueryPoint, RunEvent, RunState};
+use drove_store::{self as store, EventRow, Filter, Store};
 use serde::{Serialize, Serializer};
 
 use crate::ReportError;

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use drove_coordinator::store::StoreError;
+use drove_store::StoreError;
 
 /// A report that could not be read or written. Each message names what was
 /// being done and where, with its cause in the message itself.

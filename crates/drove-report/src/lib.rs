@@ -6,7 +6,7 @@
 //! the others. A run's points and events, read from a coordinator or straight
 //! from its store folder, become charts (each written as PNG and SVG, drawn
 //! with plotters) and one self-contained HTML page with a header: the run's
-//! id, world size, state, options and the diversity [`Verdict`].
+//! id, world size, state, options and the diversity [`RunVerdict`].
 //!
 //! The one decision everything follows from: a report is a function of a
 //! [`RunData`] alone. Both sources give the same type ([`RunData::from_store`]
@@ -27,7 +27,7 @@
 //! - [`RunData`], [`Event`], [`Point`]: the run as read, from either [`Source`].
 //! - [`charts`]: what is drawn ([`charts::Chart`]), built from the points, and
 //!   the drawing itself.
-//! - [`Verdict`]: whether the ranks' masks were independent, as far as the
+//! - [`RunVerdict`]: whether the ranks' masks were independent, as far as the
 //!   run tells.
 //! - [`write()`]: the files.
 //!
@@ -52,7 +52,7 @@ pub use data::{Event, Point, RunData, Source, load};
 pub use drove_proto::v1::RunState;
 pub use error::{DrawError, ReportError};
 pub use time::utc;
-pub use verdict::{Verdict, VerdictStatus};
+pub use verdict::RunVerdict;
 pub use write::{Written, write};
 
 /// The PNG codec the charts are encoded with: its error is in

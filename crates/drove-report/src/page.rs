@@ -8,7 +8,7 @@ use drove_proto::metric_names;
 use drove_proto::v1::RunState;
 
 use crate::charts::Chart;
-use crate::{RunData, Verdict, utc};
+use crate::{RunData, RunVerdict, utc};
 
 /// `s` with `&`, `<`, `>` and quotes escaped for HTML text and attributes.
 pub fn escape(s: &str) -> String {
@@ -34,7 +34,7 @@ table { border-collapse: collapse; font-size: 14px; }
 td, th { padding: 3px 12px 3px 0; text-align: left; vertical-align: top; }
 th { color: #555; font-weight: normal; }
 .verdict { padding: 10px 14px; border-radius: 4px; margin: 14px 0; font-size: 15px; }
-.verdict.alarm { background: #fde2e1; border-left: 5px solid #d62728; }
+.verdict.identical, .verdict.anticorrelated { background: #fde2e1; border-left: 5px solid #d62728; }
 .verdict.outliers { background: #fff3dc; border-left: 5px solid #ff7f0e; }
 .verdict.diverse { background: #e3f4e3; border-left: 5px solid #2ca02c; }
 .verdict.not_diagnosed { background: #eef0f3; border-left: 5px solid #7f7f7f; }
@@ -65,7 +65,7 @@ window.addEventListener('load', function () {
 /// The whole page.
 pub fn html(
     run: &RunData,
-    verdict: &Verdict,
+    verdict: &RunVerdict,
     charts: &[Chart],
     svgs: &[String],
     generated_ms: i64,

@@ -6,7 +6,7 @@ use drove_proto::metric_names;
 use serde::Serialize;
 
 use crate::charts::{self, Chart};
-use crate::{ReportError, RunData, Verdict, page};
+use crate::{ReportError, RunData, RunVerdict, page};
 
 /// What [`write()`] wrote.
 #[derive(Clone, Debug, PartialEq)]
@@ -18,7 +18,7 @@ pub struct Written {
     /// The ids of the charts drawn, in page order (each as `ID.png` and `ID.svg`).
     pub charts: Vec<String>,
     /// The verdict on the page.
-    pub verdict: Verdict,
+    pub verdict: RunVerdict,
     /// When the report was made, Unix milliseconds (in `report.json` and on the page).
     pub generated_unix_ms: i64,
 }
@@ -27,7 +27,7 @@ pub struct Written {
 #[derive(Serialize)]
 struct ReportJson<'a> {
     run: &'a RunData,
-    verdict: &'a Verdict,
+    verdict: &'a RunVerdict,
     generated_unix_ms: i64,
     charts: &'a [Chart],
 }
@@ -41,7 +41,7 @@ pub fn write(run: &RunData, out: &Path) -> Result<Written, ReportError> {
         cause,
     })?;
     let charts = charts::build(run);
-    let verdict = Verdict::of(run, charts.iter().find(|c| c.id == metric_names::MASK_AGREEMENT));
+    let verdict = RunVerdict::of(run, charts.iter().find(|c| c.id == metric_names::MASK_AGREEMENT));
     let mut svgs = Vec::with_capacity(charts.len());
     for chart in &charts {
         let drawn = |format| move |cause| ReportError::Draw { chart: chart.id.clone(), format, cause };
@@ -51,7 +51,7 @@ pub fn write(run: &RunData, out: &Path) -> Result<Written, ReportError> {
         save(&out.join(format!("{}.png", chart.id)), &png)?;
         svgs.push(svg);
     }
-    let generated_unix_ms = drove_coordinator::store::now_ms();
+    let generated_unix_ms = drove_store::now_ms();
     let json = ReportJson { run, verdict: &verdict, generated_unix_ms, charts: &charts };
     let json = serde_json::to_vec_pretty(&json).map_err(ReportError::Json)?;
     let json_path = out.join("report.json");
@@ -89,7 +89,8 @@ fn save(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Point, RunState, VerdictStatus};
+    use crate::{Point, RunState};
+    use drove_diagnostic::Verdict;
 
     #[test]
     fn every_file_is_written_whole_and_named_in_what_comes_back() {
@@ -108,7 +109,7 @@ mod tests {
         };
         let written = write(&run, &out).unwrap();
         assert_eq!((written.index, written.charts), (out.join("index.html"), vec!["loss".to_string()]));
-        assert_eq!(written.verdict.status, VerdictStatus::NotDiagnosed);
+        assert_eq!(written.verdict.status, Verdict::NotDiagnosed);
         let mut files: Vec<String> = std::fs::read_dir(&out)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

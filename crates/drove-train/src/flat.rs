@@ -351,18 +351,6 @@ impl FlatAdamW {
     }
 }
 
-/// Cosine similarity of two vectors (0 when either is zero).
-pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(x), f64::from(y));
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-    }
-    if na == 0.0 || nb == 0.0 { 0.0 } else { dot / (na.sqrt() * nb.sqrt()) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,12 +401,5 @@ mod tests {
         assert!(glob("a*b*c", "a-b-c") && !glob("a*b*c", "a-c-b"));
         let no_decay = vec!["out.*".to_string()];
         assert!(!decays("out.weight", &no_decay) && decays("hidden.bias", &no_decay));
-    }
-
-    #[test]
-    fn cosine_of_parallel_orthogonal_and_opposite_vectors() {
-        assert!((cosine(&[1.0, 2.0], &[2.0, 4.0]) - 1.0).abs() < 1e-12);
-        assert!(cosine(&[1.0, 0.0], &[0.0, 1.0]).abs() < 1e-12);
-        assert!((cosine(&[1.0, 2.0], &[-1.0, -2.0]) + 1.0).abs() < 1e-12);
     }
 }

@@ -35,9 +35,7 @@ pub mod generations;
 mod metrics;
 pub mod prometheus;
 mod rendezvous;
-pub mod run_state;
 mod serve;
-pub mod store;
 mod validate;
 mod weights;
 
@@ -49,6 +47,7 @@ use std::time::Duration;
 use drove_proto::v1::metrics_server::MetricsServer;
 use drove_proto::v1::rendezvous_server::RendezvousServer;
 use drove_proto::v1::weights_server::WeightsServer;
+use drove_store::{self as store, run_state};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -57,7 +56,6 @@ use tonic::{Request, Status};
 
 pub use metrics::MetricsService;
 pub use rendezvous::RendezvousService;
-pub use run_state::RunState;
 pub use serve::{ServeError, run_until_signal, serve_in_process, serve_until_signal};
 pub use weights::WeightsService;
 

@@ -22,7 +22,6 @@
 
 use std::time::Duration;
 
-use drove_coordinator::store::Store;
 use drove_coordinator::{MetricsService, RendezvousService, WeightsService};
 use drove_proto::v1::metrics_server::Metrics;
 use drove_proto::v1::rendezvous_server::Rendezvous;
@@ -31,6 +30,7 @@ use drove_proto::v1::{
     BlobHeader, FetchRequest, GetKeyRequest, HeartbeatRequest, JoinRequest, LeaveRequest, MetricPoint,
     PublishChunk, PushRequest, PutKeyRequest, QueryRequest, WatchRequest,
 };
+use drove_store::Store;
 use futures::FutureExt as _;
 use proptest::prelude::*;
 use proptest::sample::Index;

@@ -30,12 +30,12 @@ mod error;
 mod machine;
 mod state;
 
+pub use drove_store::generation::{
+    DEFAULT_SETTLE, Generation, GenerationEnding, GenerationState, Member, ParseGenerationStateError,
+};
 pub use error::GenerationError;
 pub use machine::{Generations, MAX_LOSSES_IN_A_ROW};
-pub use state::{
-    DEFAULT_SETTLE, Generation, GenerationEnding, GenerationState, Heard, LastBeat, Member, MemberJoin,
-    ParseGenerationStateError,
-};
+pub use state::{Heard, LastBeat, MemberJoin};
 
 #[cfg(test)]
 mod tests;

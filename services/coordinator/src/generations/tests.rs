@@ -384,3 +384,46 @@ fn a_survivor_named_lost_by_another_that_re_joins_is_not_lost() {
     run.join(&rejoin("a", 1, 5, c_lost), t0, 1).unwrap();
     assert_eq!(run.generation(1).unwrap().lost, BTreeSet::from(["c".to_string()]));
 }
+
+/// The store reads back what the machine made (the data is the store's; the
+/// transitions are the machine's).
+#[test]
+fn generations_read_back_as_stored_and_start_over_with_their_run() {
+    use v1::EndKind;
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::Store::open(dir.path()).unwrap();
+    assert_eq!(store.generations("e").unwrap(), None);
+    let t0 = std::time::Instant::now();
+    let mut run = Generations::new("e", 1, 2);
+    let join = |id: &str, after: i64, cause: GenerationEnding| MemberJoin {
+        member_id: id.into(),
+        address: format!("{id}:1"),
+        host: "h".into(),
+        min: 1,
+        max: 2,
+        after,
+        settle: std::time::Duration::from_millis(5),
+        step: 3,
+        cause,
+    };
+    let none = GenerationEnding::of(EndKind::Unspecified, &[]);
+    run.join(&join("a", 0, none.clone()), t0, 1).unwrap();
+    run.join(&join("b", 0, none), t0, 1).unwrap();
+    assert!(run.try_close(t0, 2));
+    let lost = GenerationEnding {
+        detail: "closed".into(),
+        ..GenerationEnding::of(EndKind::ClosedConnection, &["b"])
+    };
+    run.join(&join("a", 1, lost), t0, 3).unwrap();
+    for g in run.take_changed() {
+        store.put_generation("e", 1, 2, g).unwrap();
+    }
+    let (min, max, stored) = store.generations("e").unwrap().unwrap();
+    assert_eq!((min, max, stored.len()), (1, 2, 2));
+    for (got, want) in stored.iter().zip(&run.generations) {
+        assert_eq!(&Generation { last_join: want.last_join, ..got.clone() }, want);
+    }
+    assert!(store.has_run("e").is_ok_and(|has| !has), "no runs row was written here");
+    store.remove_generations("e").unwrap();
+    assert_eq!(store.generations("e").unwrap(), None);
+}

@@ -10,13 +10,11 @@
 //! - A rank SIGSTOPped mid-run: `drove run` exits non-zero within the
 //!   heartbeat timeout and the grace period, naming that rank; nothing is left.
 
-mod common;
-
 use std::os::unix::process::ExitStatusExt as _;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{DROVE, Proc, assets, coordinator, free_port};
+use crate::common::{DROVE, Proc, assets, coordinator, free_port};
 
 /// How long a whole run may take here.
 const DEADLINE: Duration = Duration::from_secs(300);

@@ -8,14 +8,12 @@
 //! one point of it. The coordinator lists the two generations, the first
 //! ended by the lost member's closed connection.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use common::{DROVE, Proc, assert_each_once, assets, coordinator, free_port, tiny_training, traced};
+use crate::common::{DROVE, Proc, assert_each_once, assets, coordinator, free_port, tiny_training, traced};
 
 /// How long one run may take here.
 const DEADLINE: Duration = Duration::from_secs(400);
@@ -351,12 +349,12 @@ fn below_min_the_run_fails_naming_the_lost_member_with_a_readable_checkpoint() {
         serde_json::from_slice(&std::fs::read(root.join(latest.trim()).join("state.json")).unwrap()).unwrap();
     assert_eq!(state["global_step"], 5, "the last applied step: {state}");
     assert_eq!(state["position"], 20, "5 steps of 2 ranks x 2 rows: {state}");
-    assert!(!common::read_latest(&root).is_empty(), "its weights read back");
+    assert!(!crate::common::read_latest(&root).is_empty(), "its weights read back");
 }
 
 /// The generations of `run_id` as `drove runs --json` lists them live.
 fn generations(addr: &str, run_id: &str) -> Vec<serde_json::Value> {
-    let out = common::run(Command::new(DROVE).args(["runs", "--json", "--coordinator", addr]));
+    let out = crate::common::run(Command::new(DROVE).args(["runs", "--json", "--coordinator", addr]));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
     let runs = report["runs"].as_array().cloned().unwrap_or_default();
     let run = runs.into_iter().find(|r| r["run_id"] == run_id);

@@ -2,11 +2,9 @@
 //! util-linux's `script`) draws one bar for the run, fed by rank 0, with the
 //! ranks' other lines above it; off a terminal, per-step lines as before.
 
-mod common;
-
 use std::process::Command;
 
-use common::{DROVE, assets, run, text};
+use crate::common::{DROVE, assets, run, text};
 
 fn train_args(out: &std::path::Path) -> Vec<String> {
     let a = assets();
@@ -32,7 +30,7 @@ fn quote(s: &str) -> String {
 #[test]
 fn drove_run_on_a_terminal_draws_one_bar_fed_by_rank_0() {
     if Command::new("script").arg("--version").output().is_err() {
-        common::skip("no `script` (util-linux) to make a pseudo-terminal");
+        crate::common::skip("no `script` (util-linux) to make a pseudo-terminal");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

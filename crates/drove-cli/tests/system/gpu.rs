@@ -8,12 +8,10 @@
 //! piece in turn is named. Built without the features, they say how to build
 //! a drove that has them.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{DROVE, run, text};
+use crate::common::{DROVE, run, text};
 
 #[cfg(feature = "cuda")]
 /// Whether this machine has the NVIDIA driver's library (then the "missing"

@@ -9,14 +9,12 @@
 //! No process gets a drove variable but where a test says so: each finds its
 //! place from its launcher's own variables.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::netns::Net;
-use common::slurm::{Nodes, Slurm};
-use common::{
+use crate::common::netns::Net;
+use crate::common::slurm::{Nodes, Slurm};
+use crate::common::{
     DEADLINE, DROVE, Proc, assets, coordinator, free_port, launch_env_removed, read_latest,
     relative_difference, run, text, under_run,
 };
@@ -128,7 +126,7 @@ fn three_processes_with_torchrun_s_variables_meet_at_rank_0_s_coordinator() {
 /// `RAYON_NUM_THREADS`), or `None`, saying why, where there is no mpirun.
 fn under_mpirun(np: usize, dir: &Path) -> Option<(Proc, Command)> {
     if let Some(why) = unsupported("mpirun") {
-        common::skip(&why);
+        crate::common::skip(&why);
         return None;
     }
     let port = free_port();
@@ -164,7 +162,7 @@ fn a_2_rank_minilm_run_under_mpirun_ends_with_drove_run_s_parameters() {
 #[test]
 fn under_srun_and_sbatch_ranks_need_no_drove_variable_and_train_as_under_drove_run() {
     if let Some(why) = unsupported("slurmd").or_else(|| unsupported("munged")) {
-        common::skip(&why);
+        crate::common::skip(&why);
         return;
     }
     let slurm =
@@ -209,8 +207,8 @@ fn an_sbatch_of_a_2_rank_minilm_run_ends_with_drove_run_s_parameters(slurm: &Slu
 #[test]
 fn srun_across_three_namespaces_as_nodes_meets_at_the_first_node() {
     let missing = unsupported("slurmd").or_else(|| unsupported("munged")).or_else(|| unsupported("nsenter"));
-    if let Some(why) = missing.or_else(common::netns::unsupported) {
-        common::skip(&why);
+    if let Some(why) = missing.or_else(crate::common::netns::unsupported) {
+        crate::common::skip(&why);
         return;
     }
     let net = Net::new(3).expect("building the namespaces");

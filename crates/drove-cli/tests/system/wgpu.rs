@@ -9,15 +9,13 @@
 //! that the ranks share the 2 cores of CI without oversubscribing them.
 #![cfg(feature = "wgpu")]
 
-mod common;
-
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{DROVE, Proc, assert_each_once, read_latest, text, tiny_training, traced};
+use crate::common::{DROVE, Proc, assert_each_once, read_latest, text, tiny_training, traced};
 
 /// How long one run may take here: the first step compiles every shader.
 const DEADLINE: Duration = Duration::from_secs(600);
@@ -63,7 +61,7 @@ fn or_skip() -> Option<PathBuf> {
     match lavapipe() {
         Ok(m) => Some(m),
         Err(why) => {
-            common::skip(&format!(
+            crate::common::skip(&format!(
                 "{why}; `bash scripts/wgpu-tools.sh` installs Mesa's lavapipe as root on Debian"
             ));
             None
@@ -74,7 +72,7 @@ fn or_skip() -> Option<PathBuf> {
 /// `drove` with lavapipe alone visible, one lavapipe thread, one flex thread,
 /// warnings only, and Mesa's runtime folder set (it warns without one).
 fn drove(manifest: &Path, runtime: &Path) -> Command {
-    let mut cmd = common::launch_env_removed(Command::new(DROVE));
+    let mut cmd = crate::common::launch_env_removed(Command::new(DROVE));
     cmd.env("VK_ICD_FILENAMES", manifest).env("LP_NUM_THREADS", "1").env("XDG_RUNTIME_DIR", runtime);
     cmd
 }
@@ -180,7 +178,7 @@ fn alone(dir: &Path, manifest: &Path, extra: &[&str], env: &[(&str, &OsString)])
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = common::run(&mut cmd);
+    let out = crate::common::run(&mut cmd);
     (out.status.code(), text(&out))
 }
 
@@ -207,8 +205,8 @@ fn a_training_step_launches_no_more_kernels_than_recorded() {
     let mut cmd = drove(&manifest, &runtime_dir(dir.path()));
     cmd.args(["bench", "train", "--device", "wgpu", "--json", "--batch-size", "2", "--steps", "2"]);
     cmd.args(["--warmup-steps", "1", "--bucket-window", "0", "--random-init", "--kernel-cache", "off"]);
-    cmd.arg("--data").arg(common::assets().join("conll2003"));
-    cmd.arg("--model").arg(common::tiny_model(dir.path()));
+    cmd.arg("--data").arg(crate::common::assets().join("conll2003"));
+    cmd.arg("--model").arg(crate::common::tiny_model(dir.path()));
     let (status, out, err) = Proc::spawn(&mut cmd).finish(DEADLINE);
     assert!(status.success(), "{status}\n{err}");
     let json = out.iter().find(|l| l.starts_with('{')).expect("the report's JSON line");
@@ -227,8 +225,9 @@ fn a_training_step_launches_no_more_kernels_than_recorded() {
 fn bad_devices_are_clear_errors_and_help_lists_the_adapters() {
     let Some(manifest) = or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let listed =
-        common::run(drove(&manifest, &runtime_dir(dir.path())).args(["train", "ner", "--device", "help"]));
+    let listed = crate::common::run(
+        drove(&manifest, &runtime_dir(dir.path())).args(["train", "ner", "--device", "help"]),
+    );
     assert!(listed.status.success(), "{}", text(&listed));
     let stdout = String::from_utf8_lossy(&listed.stdout);
     assert!(stdout.contains("wgpu:0 llvmpipe") && stdout.contains("Vulkan"), "{stdout}");
@@ -254,7 +253,7 @@ fn without_the_vulkan_loader_the_error_names_it() {
     // /dev/null over the library (root only).
     // SAFETY: getuid has no preconditions.
     if unsafe { libc::getuid() } != 0 {
-        common::skip("hiding the Vulkan loader needs a mount namespace (root)");
+        crate::common::skip("hiding the Vulkan loader needs a mount namespace (root)");
         return;
     }
     let loader = ["/lib/x86_64-linux-gnu/libvulkan.so.1", "/usr/lib/x86_64-linux-gnu/libvulkan.so.1"]
@@ -262,7 +261,7 @@ fn without_the_vulkan_loader_the_error_names_it() {
         .map(PathBuf::from)
         .find(|p| p.exists());
     let Some(loader) = loader else {
-        common::skip("no libvulkan.so.1 where Debian keeps it");
+        crate::common::skip("no libvulkan.so.1 where Debian keeps it");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -276,7 +275,7 @@ fn without_the_vulkan_loader_the_error_names_it() {
             None => cmd.env_remove(k),
         };
     }
-    let out = common::run(&mut cmd);
+    let out = crate::common::run(&mut cmd);
     assert_clear_error(
         (out.status.code(), text(&out)),
         &["--device wgpu", "no Vulkan loader", "libvulkan.so.1"],

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rusqlite::params;
 
 use super::{Store, StoreError};
-use crate::run_state::RunState;
+use crate::RunState;
 
 /// A metric point as stored.
 #[derive(Clone, Debug, PartialEq)]

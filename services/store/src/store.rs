@@ -1,31 +1,10 @@
-//! The embedded store: SQLite (WAL) holding runs, blob metadata and metric points,
-//! and a folder of blob files. A point is acknowledged only after its batch's
-//! transaction commits, so a killed coordinator loses nothing it acknowledged.
-//!
-//! This module holds the [`Store`], its connection, the schema and its
-//! migrations; each table family has its own file: `runs` (runs), `members`
-//! (the workers of a run, and what a restarted coordinator resumes),
-//! `points` (metric series and points), `events`, `generations` (an elastic
-//! run's worlds) and `blobs` (blob metadata and files).
+//! The [`Store`]: its connection, the schema and its migrations.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{Connection, OpenFlags};
-
-mod blobs;
-mod events;
-mod generations;
-mod members;
-mod points;
-mod runs;
-
-pub use blobs::BlobRow;
-pub use events::EventRow;
-pub use members::{LiveRun, MemberRow};
-pub use points::{Agg, AggRow, Filter, Point};
-pub use runs::RunRow;
 
 /// A store that cannot be opened or used.
 #[derive(Debug, thiserror::Error)]
@@ -51,8 +30,8 @@ pub enum StoreError {
 /// The connection, and the ids of the (run, metric) series seen so far: points
 /// refer to their series by integer, which keeps rows and the index small.
 pub struct Db {
-    conn: Connection,
-    series: HashMap<(String, String), i64>,
+    pub(crate) conn: Connection,
+    pub(crate) series: HashMap<(String, String), i64>,
 }
 
 impl std::ops::Deref for Db {
@@ -73,7 +52,7 @@ impl std::ops::DerefMut for Db {
 pub struct Store {
     conn: Arc<Mutex<Db>>,
     db: PathBuf,
-    blobs: PathBuf,
+    pub(crate) blobs: PathBuf,
 }
 
 /// Now, in Unix milliseconds.
@@ -162,22 +141,22 @@ impl Store {
         Ok(Store { conn: Arc::new(Mutex::new(Db { conn, series: HashMap::new() })), db, blobs })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Db> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Db> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn sql(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+    pub(crate) fn sql(&self) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
         |source| StoreError::Sql { path: self.db.clone(), source }
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::run_state::RunState;
+    use crate::{Filter, Point, RunState};
 
     /// A point of run `r`, rank 0, metric `loss`, at `step`.
-    pub(super) fn point(step: f64) -> Point {
+    pub(crate) fn point(step: f64) -> Point {
         Point { id: 0, run_id: "r".into(), rank: 0, step, name: "loss".into(), value: step, wall_ms: 1 }
     }
 

@@ -4,11 +4,9 @@
 //! track per thread of work, and within each step keep the main track's phases
 //! apart, in order, adding up to the step's wall time within 10%.
 
-mod common;
-
 use std::process::Command;
 
-use common::{DROVE, assets, run, text, under_run};
+use crate::common::{DROVE, assets, run, text, under_run};
 use serde_json::Value;
 
 fn num(e: &Value, key: &str) -> i64 {

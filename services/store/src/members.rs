@@ -4,7 +4,7 @@
 use rusqlite::params;
 
 use super::{Store, StoreError, now_ms};
-use crate::run_state::RunState;
+use crate::RunState;
 
 /// A worker of a run as stored: who it is, when it was last heard of, and
 /// whether (and how) it left.

@@ -7,26 +7,25 @@
 //! restarts, resumes from the latest checkpoint, and its metrics, report and
 //! progress lines cover the whole run.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use common::{DROVE, assert_listed_run, read_latest, relative_difference, run, text, under_run};
-use drove_coordinator::store::{Agg, Filter, Store};
+use crate::common::{DROVE, assert_listed_run, read_latest, relative_difference, run, text, under_run};
 use drove_launch::Progress;
+use drove_store::{Agg, Filter, Store};
 
 /// The example's binary, built once per test process.
 ///
-/// `cargo test --all-targets` compiles examples as test harnesses only, so
-/// the runnable example is built here, as the tests were (the build lock is
-/// free while tests run; this links one file).
+/// `cargo test` builds the examples (the test command's `cargo test
+/// --workspace` leaves this nothing to do); `cargo test --all-targets` builds
+/// them as test harnesses only, so the runnable example is built here, as the
+/// tests were (the build lock is free while tests run).
 fn example() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let dir = common::build_like_this_test(&["--example", "own_model"]);
+            let dir = crate::common::build_like_this_test(&["--example", "own_model"]);
             dir.join("examples").join(format!("own_model{}", std::env::consts::EXE_SUFFIX))
         })
         .clone()

@@ -3,12 +3,10 @@
 //! real processes talking to real coordinators on loopback. Every wait has a
 //! deadline; nothing waits by sleeping.
 
-mod common;
-
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use common::Proc;
+use crate::common::Proc;
 
 use drove_control::Clients;
 use drove_proto::v1::{EndKind, GenerationEnd, JoinRequest, MetricPoint, PushRequest};

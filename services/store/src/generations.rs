@@ -4,7 +4,7 @@
 use rusqlite::params;
 
 use super::{Store, StoreError};
-use crate::generations::{Generation, GenerationEnding, GenerationState};
+use crate::generation::{Generation, GenerationEnding, GenerationState};
 
 impl Store {
     /// Records generation `g` of elastic run `run_id` (sized `min..=max`),
@@ -112,7 +112,7 @@ fn to_json<T: serde::Serialize + ?Sized>(value: &T) -> String {
 fn generation_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(usize, usize, Generation)> {
     let state: String = r.get(1)?;
     let state: GenerationState =
-        state.parse().map_err(|e: crate::generations::ParseGenerationStateError| {
+        state.parse().map_err(|e: crate::generation::ParseGenerationStateError| {
             rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e))
         })?;
     let reform: Option<String> = r.get(8)?;
@@ -147,51 +147,4 @@ fn generation_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(usize, usize, Gene
         last_join: std::time::Instant::now(),
     };
     Ok((r.get::<_, i64>(2)? as usize, r.get::<_, i64>(3)? as usize, generation))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn generations_read_back_as_stored_and_start_over_with_their_run() {
-        use crate::generations::{Generations, MemberJoin};
-        use drove_proto::v1::EndKind;
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        assert_eq!(store.generations("e").unwrap(), None);
-        let t0 = std::time::Instant::now();
-        let mut run = Generations::new("e", 1, 2);
-        let join = |id: &str, after: i64, cause: GenerationEnding| MemberJoin {
-            member_id: id.into(),
-            address: format!("{id}:1"),
-            host: "h".into(),
-            min: 1,
-            max: 2,
-            after,
-            settle: std::time::Duration::from_millis(5),
-            step: 3,
-            cause,
-        };
-        let none = GenerationEnding::of(EndKind::Unspecified, &[]);
-        run.join(&join("a", 0, none.clone()), t0, 1).unwrap();
-        run.join(&join("b", 0, none), t0, 1).unwrap();
-        assert!(run.try_close(t0, 2));
-        let lost = GenerationEnding {
-            detail: "closed".into(),
-            ..GenerationEnding::of(EndKind::ClosedConnection, &["b"])
-        };
-        run.join(&join("a", 1, lost), t0, 3).unwrap();
-        for g in run.take_changed() {
-            store.put_generation("e", 1, 2, g).unwrap();
-        }
-        let (min, max, stored) = store.generations("e").unwrap().unwrap();
-        assert_eq!((min, max, stored.len()), (1, 2, 2));
-        for (got, want) in stored.iter().zip(&run.generations) {
-            assert_eq!(&Generation { last_join: want.last_join, ..got.clone() }, want);
-        }
-        assert!(store.has_run("e").is_ok_and(|has| !has), "no runs row was written here");
-        store.remove_generations("e").unwrap();
-        assert_eq!(store.generations("e").unwrap(), None);
-    }
 }

@@ -9,15 +9,13 @@
 //! hosts: the TCP ring), and the host queries the run's metrics over gRPC.
 //! Everything it makes is removed on drop, however the test ends.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{DROVE, assets, coordinator_binary, run, text};
+use crate::common::{DROVE, assets, coordinator_binary, run, text};
 
 /// The workspace root (this crate is `crates/drove-cli`).
 fn root() -> PathBuf {
@@ -115,7 +113,7 @@ fn the_image_serves_a_healthy_coordinator_and_two_rank_containers_train_through_
     let conf = match tools() {
         Ok(conf) => conf,
         Err(why) => {
-            common::skip(&why);
+            crate::common::skip(&why);
             return;
         }
     };

@@ -23,16 +23,14 @@
 //! and over the flat ring, and both must check out, the integers bit for bit
 //! alike; a mismatch and a namespace cut off mid-op are named on the others.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::{OnceLock, mpsc};
 use std::time::Duration;
 
-use common::netns::{Net, unsupported};
-use common::{
+use crate::common::netns::{Net, unsupported};
+use crate::common::{
     DROVE, assert_each_once, assets, read_latest, relative_difference, run, text, tiny_training, traced,
     under_run,
 };
@@ -98,7 +96,7 @@ impl Hosts {
     fn new(spaces: usize) -> Option<Hosts> {
         let one = serial();
         if let Some(why) = unsupported() {
-            common::skip(&why);
+            crate::common::skip(&why);
             return None;
         }
         let net = Net::new(spaces).expect("building the namespaces");

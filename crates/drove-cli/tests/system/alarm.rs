@@ -7,12 +7,10 @@
 //!   at that step with the alarm's exit code (3).
 //! - Derived seeding never does, diagnosed at every step of a whole short run.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::{DROVE, assets, run, text};
+use crate::common::{DROVE, assets, run, text};
 
 fn train(out: &Path, store: &Path, run_id: &str, extra: &[&str]) -> Command {
     let a = assets();

@@ -30,7 +30,7 @@ impl Net {
         let id = std::process::id() % 100_000;
         let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
         let tag = format!("dv{id:05}{k}");
-        let subnet = format!("10.{}.{}", 100 + id % 100, (id / 100) % 250);
+        let subnet = format!("10.{}.{}", 100 + id % 100, (id as usize / 100) % 25 * 10 + k);
         let net = Net { tag, subnet, spaces: 0 };
         net.build(spaces)
     }

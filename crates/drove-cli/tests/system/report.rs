@@ -11,16 +11,14 @@
 //!   script error, and screenshots it.
 //! - The same report comes from a coordinator serving the store over gRPC.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{DROVE, Proc, assets, coordinator, free_port, run, text};
-use drove_coordinator::store::{Agg, Filter, Store};
+use crate::common::{DROVE, Proc, assets, coordinator, free_port, run, text};
 use drove_report::png;
+use drove_store::{Agg, Filter, Store};
 use serde_json::Value;
 
 const RUN: &str = "report";
@@ -235,7 +233,7 @@ fn browse(browser: &Path, profile: &Path, args: &[&str], page: &Path) -> (String
 
 fn assert_browser_loads(dir: &Path, charts: usize) {
     let Some(browser) = chromium() else {
-        common::skip(
+        crate::common::skip(
             "the browser check: no Chromium (scripts/browser-tools.sh installs it as root on Debian)",
         );
         return;

@@ -5,7 +5,7 @@ use rusqlite::params;
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
 
 use super::{Store, StoreError, now_ms};
-use crate::run_state::RunState;
+use crate::RunState;
 
 /// A run as stored.
 #[derive(Clone, Debug, PartialEq)]
@@ -130,7 +130,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Point;
+    use crate::Point;
     use crate::store::tests::point;
 
     fn put_run_row(store: &Store, run_id: &str, state: &str) {
