@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 target=${CARGO_TARGET_DIR:-$PWD/target}
 rm -f "$target"/package/*.crate
-cargo package --workspace --locked --allow-dirty --no-verify
+cargo package --workspace --locked --offline --allow-dirty --no-verify
 work="$target/package-check"
 rm -rf "$work"
 mkdir -p "$work"
@@ -45,7 +45,7 @@ done
 # uses, offline).
 cp Cargo.lock "$work/Cargo.lock"
 for m in "${members[@]}"; do
-    echo "package-check: ${m%-*} alone, from $m.crate"
+    echo "package-check: ${m%-*} alone, from $m.crate ($(date +%T))"
     CARGO_TARGET_DIR="$target" cargo check --manifest-path "$work/Cargo.toml" --offline --quiet \
         -p "${m%-*}"
 done

@@ -86,8 +86,11 @@ cargo fmt --all -- --check
 step "cargo clippy (features $features)"
 cargo clippy --workspace --all-targets --locked --features "$features" -- -D warnings
 step "cargo test (features $features)"
-cargo test --workspace --all-targets --locked --features "$features"
-cargo test --workspace --doc --locked --features "$features"
+# One command for the unit, integration and doc tests: one feature
+# resolution, so the doctests reuse what the tests built (a separate `--doc`
+# run resolved dev-dependencies apart and compiled tonic and rustls again,
+# 4 minutes), and the examples are built as the programs the system tests run.
+cargo test --workspace --locked --features "$features"
 disk "cargo test"
 step "the Python package (python/): fmt, clippy, one abi3 wheel, its tests on the oldest and newest Python and on the one with torch"
 python_started=$(date +%s)
