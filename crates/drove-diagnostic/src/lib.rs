@@ -11,7 +11,7 @@
 //!   position by position, against `p^2 + (1-p)^2` for independent masks and
 //!   a 3-sigma band that accounts for pairs sharing a rank
 //!   ([`AgreementAccumulator`], [`AgreementReport`]);
-//! - [`cosine`]: the cosine of the ranks' local gradients of one parameter
+//! - [`cosine()`]: the cosine of the ranks' local gradients of one parameter
 //!   ([`GradCosine`]);
 //! - [`Verdict`]: the one vocabulary of what a step or a run tells (`diverse`,
 //!   `identical`, `anticorrelated`, `outliers`, `not_diagnosed`).
