@@ -27,9 +27,10 @@ pub enum BenchError {
     /// A coordinator call was refused or failed (its status, in words).
     #[error("{0}")]
     Status(String),
-    /// A device (CUDA driver) call failed: its name and the driver's error.
-    #[error("{0}")]
-    Device(String),
+    /// A device call failed (drove-device's error: the call and the
+    /// driver's answer).
+    #[error(transparent)]
+    Device(#[from] drove_device::DeviceError),
     /// A result that is not what it must be (a wrong sum, a figure that is
     /// not a positive number, a rank that failed).
     #[error("{0}")]

@@ -42,8 +42,6 @@
 
 pub mod allreduce;
 pub mod coordinator;
-#[cfg(feature = "cuda")]
-pub mod device;
 mod error;
 #[cfg(feature = "clap")]
 mod flags;

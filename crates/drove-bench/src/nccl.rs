@@ -51,12 +51,13 @@ pub use suite::{NcclReport, NcclRow, in_place, run};
 #[cfg(feature = "nccl")]
 mod suite {
     use drove_comm::{Collective, DType, ReduceOptions};
+    use drove_device::cuda::{
+        DeviceBuffer, InPlaceReport, NcclBuckets, check_in_place, copy_seconds, device_name, open_gpu,
+    };
     use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, Nccl};
-    use drove_train::cuda::{InPlaceReport, NcclBuckets, check_in_place, open_gpu};
     use serde::Serialize;
 
     use super::NcclOptions;
-    use crate::device::{DeviceBuffer, copy_seconds, device_name};
     use crate::error::Doing as _;
     use crate::{BenchError, median};
 
@@ -117,9 +118,9 @@ mod suite {
     /// NCCL all-reduce beside a device copy on GPU `o.gpu`, at `mesh`'s world size.
     pub fn run(o: &NcclOptions, mesh: &dyn Collective) -> Result<NcclReport, BenchError> {
         let nccl = Nccl::new(o.gpu).doing("opening NCCL")?;
-        let stream = nccl.stream() as cudarc::driver::sys::CUstream;
+        let stream = nccl.stream() as drove_device::cuda::CUstream;
         let comm = DeviceComm::connect(mesh, nccl, DeviceOptions::default())
-            .map_err(|e| BenchError::Device(e.to_string()))?;
+            .map_err(|e| BenchError::Device(drove_device::DeviceError::Gpu(e.to_string())))?;
         let name = device_name(o.gpu)?;
         let sizes = o
             .sizes
@@ -144,7 +145,7 @@ mod suite {
         o: &NcclOptions,
         mesh: &dyn Collective,
         comm: &DeviceComm<Nccl>,
-        stream: cudarc::driver::sys::CUstream,
+        stream: drove_device::cuda::CUstream,
         bytes: u64,
     ) -> Result<NcclRow, BenchError> {
         let (a, b) = (DeviceBuffer::zeroed(bytes as usize)?, DeviceBuffer::new(bytes as usize)?);
@@ -153,7 +154,7 @@ mod suite {
             let t = std::time::Instant::now();
             // SAFETY: `a` is a live allocation of `len` f32s used by nothing else.
             unsafe { comm.all_reduce(mesh, "bench", slice, ReduceOptions::sum()) }
-                .map_err(|e| BenchError::Device(e.to_string()))?;
+                .map_err(|e| BenchError::Device(drove_device::DeviceError::Gpu(e.to_string())))?;
             Ok(t.elapsed().as_secs_f64())
         };
         // SAFETY: the stream is NCCL's, idle between the all-reduces.

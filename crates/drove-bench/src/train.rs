@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, Flex};
 use drove_comm::SingleProcess;
-use drove_ner::{NerError, NerOptions, NerSummary, Observer, StepReport, train_ner};
-use drove_train::gpu::DeviceChoice;
-use drove_train::kernels::KernelCache;
+use drove_device::DeviceChoice;
+use drove_device::kernels::KernelCache;
+use drove_ner::{GpuTraining as _, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner};
 use drove_train::{PhaseTimes, Placement};
 use serde::Serialize;
 
@@ -135,11 +135,11 @@ impl Trainer for Cpu {
     }
 }
 
-/// A GPU drove-ner opened (`--device cuda[:N]`): the same fine-tune as
+/// A GPU drove-device opened (`--device cuda[:N]`): the same fine-tune as
 /// `drove train ner`'s there.
-impl Trainer for drove_ner::Gpu {
+impl Trainer for drove_device::Gpu {
     fn device(&self) -> DeviceChoice {
-        drove_ner::Gpu::device(self)
+        drove_device::Gpu::device(self)
     }
 
     fn train(&self, options: &NerOptions, observer: &mut dyn Observer) -> Result<NerSummary, NerError> {
@@ -147,7 +147,7 @@ impl Trainer for drove_ner::Gpu {
     }
 
     fn memory_used_bytes(&self) -> Option<u64> {
-        drove_ner::Gpu::memory_used_bytes(self)
+        drove_device::Gpu::memory_used_bytes(self)
             .map_err(|e| tracing::warn!("GPU memory in use: {e}"))
             .ok()
             .flatten()
@@ -158,11 +158,11 @@ impl Trainer for drove_ner::Gpu {
     }
 
     fn kernels_launched(&self) -> Option<u64> {
-        self.kernels().counting.launches.then(drove_train::kernels::launched)
+        self.kernels().counting.launches.then(drove_device::kernels::launched)
     }
 
     fn kernels_compiled(&self) -> Option<u64> {
-        self.kernels().counting.compiles.then(drove_train::kernels::compiled)
+        self.kernels().counting.compiles.then(drove_device::kernels::compiled)
     }
 
     fn kernel_cache(&self) -> Option<PathBuf> {
@@ -306,11 +306,11 @@ fn settled(read: impl Fn() -> Option<u64>) -> Option<u64> {
 pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, BenchError> {
     let out = tempfile::tempdir().doing("creating a scratch folder")?;
     let device = trainer.device();
-    let placement = o.placement.unwrap_or(device.placement());
+    let placement = o.placement.unwrap_or(drove_train::Placement::default_for(device));
     let micro = device.micro_batches(o.micro_batches);
     let pad_multiple = device.pad_multiple(o.pad_multiple);
     let cache = trainer.kernel_cache();
-    let cached_before = cache.as_deref().map(drove_train::kernels::cached_kernels);
+    let cached_before = cache.as_deref().map(drove_device::kernels::cached_kernels);
     let launched_before = trainer.kernels_launched();
     let compiled_before = trainer.kernels_compiled();
     let opts = NerOptions {
@@ -346,7 +346,7 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
         None => cache
             .as_deref()
             .zip(cached_before)
-            .map(|(dir, before)| drove_train::kernels::cached_kernels(dir).saturating_sub(before)),
+            .map(|(dir, before)| drove_device::kernels::cached_kernels(dir).saturating_sub(before)),
     };
     let skip = o.warmup_steps.min(timer.steps.len() as u64) as usize;
     let timed = &timer.steps[skip..];

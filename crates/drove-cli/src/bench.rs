@@ -11,7 +11,7 @@ use drove_bench::coordinator::CoordinatorOptions;
 use drove_bench::mask::MaskOptions;
 use drove_bench::nccl::NcclOptions;
 use drove_bench::train::{Cpu, TrainOptions, Trainer};
-use drove_ner::{DeviceChoice, Gpu};
+use drove_ner::DeviceChoice;
 use serde::Serialize;
 
 /// Settings of `drove bench mask`.
@@ -116,12 +116,12 @@ pub fn coordinator(args: &CoordinatorArgs) -> anyhow::Result<()> {
 /// `drove bench train`, on the CPU or on the GPU `--device` names.
 pub fn train(args: &TrainArgs) -> anyhow::Result<()> {
     if args.device == DeviceChoice::List {
-        print!("{}", drove_ner::gpu::list_devices());
+        print!("{}", drove_ner::list_devices());
         return Ok(());
     }
     // Launches are counted (cubecl's execution notes, no sync) for the report.
     let local_rank = drove_launch::LaunchEnv::from_env()?.local_rank;
-    let gpu = Gpu::open_with(args.device, local_rank, &args.options.kernel_cache, true)?;
+    let gpu = drove_ner::open_gpu(args.device, local_rank, &args.options.kernel_cache, true)?;
     if let Some(gpu) = &gpu {
         // Named at start, on stderr (the JSON stays alone on stdout).
         eprintln!("training on {}", gpu.describe());
@@ -155,6 +155,6 @@ pub fn nccl(args: &NcclArgs) -> anyhow::Result<ExitCode> {
     #[cfg(not(feature = "nccl"))]
     {
         let _ = args;
-        anyhow::bail!("drove bench nccl: {}", drove_ner::gpu::BUILD_HINT)
+        anyhow::bail!("drove bench nccl: {}", drove_ner::BUILD_HINT)
     }
 }

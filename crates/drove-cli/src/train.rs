@@ -17,8 +17,8 @@ use drove_comm::{CommError, WorldRange};
 use drove_launch::{LaunchEnv, Launched, Progress, ProgressMode, RankOutcome, Ranks, Start};
 use drove_ner::backend::{Autodiff, Flex};
 use drove_ner::{
-    DeviceChoice, DiagnoseReport, EvalReport, Gpu, MetricsObserver, NerError, NerOptions, NerSummary,
-    Observer, Placement, ReformReport, StepReport, train_ner, train_ner_elastic,
+    DeviceChoice, DiagnoseReport, EvalReport, Gpu, GpuTraining as _, MetricsObserver, NerError, NerOptions,
+    NerSummary, Observer, Placement, ReformReport, StepReport, train_ner, train_ner_elastic,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use std::process::ExitCode;
@@ -104,7 +104,7 @@ impl NerArgs {
             micro_batches: self.device.micro_batches(opts.micro_batches),
             // The device's own multiple where none is given (none on the CPU: 1).
             pad_multiple: opts.pad_multiple.or(Some(self.device.pad_multiple(None)).filter(|&n| n > 1)),
-            placement: self.placement.unwrap_or(self.device.placement()),
+            placement: self.placement.unwrap_or(drove_ner::Placement::default_for(self.device)),
             random_init: self.random_init || opts.random_init,
             ..opts.clone()
         }
@@ -427,7 +427,7 @@ fn record_options(reporter: &Reporter, opts: &NerOptions, world_size: usize, res
 
 pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     if args.device == DeviceChoice::List {
-        print!("{}", drove_ner::gpu::list_devices());
+        print!("{}", drove_ner::list_devices());
         return Ok(ExitCode::SUCCESS);
     }
     let mut opts = args.options();
@@ -441,7 +441,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         opts.resume = true;
     }
     // Before joining the other ranks: a missing GPU fails at once.
-    let gpu = Gpu::open_with(args.device, launch.local_rank, &opts.kernel_cache, false)?;
+    let gpu = drove_ner::open_gpu(args.device, launch.local_rank, &opts.kernel_cache, false)?;
     // Rank 0 serves the coordinator where the launcher names a place for it.
     let mut launched = Launched::from_launch_env(launch)?;
     let rank = launched.rank();

@@ -50,10 +50,10 @@ pub enum NerError {
     #[error("--device {device}: {reason}")]
     Device {
         /// The device asked for.
-        device: drove_train::gpu::DeviceChoice,
+        device: drove_device::DeviceChoice,
         /// What failed (in this error's message, so not a `source` that an
         /// error chain would print a second time).
-        reason: drove_train::TrainError,
+        reason: drove_device::DeviceError,
     },
     /// The diversity alarm with `--on-identical-masks fail`: every rank
     /// stopped at a diagnosed step whose masks were identical across ranks.

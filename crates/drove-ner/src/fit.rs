@@ -10,11 +10,11 @@ use burn::tensor::backend::AutodiffBackend;
 use drove_bert::BertForTokenClassification;
 use drove_collate::{Batch, Loader};
 use drove_collective::{Collective, Elastic, Element, ReduceOptions};
+use drove_device::BucketAllReduce;
 use drove_diagnostic::Verdict;
 use drove_seed::StreamKey;
 use drove_train::Replica;
 use drove_train::checkpoint::{self, LoopState};
-use drove_train::device::BucketAllReduce;
 use drove_train::timeline::{Timeline, Traced, Track};
 
 use crate::data::{BatchRows, NerData, batch_tensors, training_loader};
@@ -43,7 +43,7 @@ pub fn train_ner<B: AutodiffBackend>(
 }
 
 /// [`train_ner`] with the backend placement's gradient all-reduce replaced by
-/// `reducer` (NCCL on GPUs: `drove_train::cuda::NcclBuckets`, feature `nccl`);
+/// `reducer` (NCCL on GPUs: `drove_device::cuda::NcclBuckets`, feature `nccl`);
 /// `None` keeps host staging.
 pub fn train_ner_with<B: AutodiffBackend>(
     opts: &NerOptions,

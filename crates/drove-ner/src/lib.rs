@@ -36,13 +36,14 @@
 //! - `metrics`: `MetricsObserver`, an [`Observer`] that records the loop's
 //!   reports to a coordinator through `drove-metrics` (a gRPC client), kept
 //!   behind a feature so the fine-tune itself never depends on a transport.
-//! - `cuda`: [`Gpu`] opens `--device cuda[:N]` and trains on burn-cuda with
+//! - `cuda`: [`open_gpu`] opens `--device cuda[:N]` (drove-device's [`Gpu`])
+//!   and [`GpuTraining`] trains on burn-cubecl over CUDA with
 //!   the backend placement (the CUDA libraries are loaded at run time; a
 //!   machine without them gets an error naming the missing one). Without it,
-//!   [`Gpu::open`] says how to build a drove that has it.
-//! - `nccl` (with `cuda`): on more than one rank, [`Gpu::train_ner`]'s
+//!   [`open_gpu`] says how to build a drove that has it.
+//! - `nccl` (with `cuda`): on more than one rank, [`GpuTraining::train_ner`]'s
 //!   gradient buckets are all-reduced by NCCL on the GPU, in place.
-//! - `wgpu`: [`Gpu`] opens `--device wgpu[:N]` (any GPU burn's wgpu reaches
+//! - `wgpu`: [`open_gpu`] opens `--device wgpu[:N]` (any GPU burn's wgpu reaches
 //!   through Vulkan, Metal or DX12; Mesa's lavapipe without one) and trains
 //!   with the backend placement, gradient buckets staged through the host
 //!   and averaged by the [`Collective`], in fixed and elastic worlds alike.
@@ -57,7 +58,7 @@ mod eval;
 mod fit;
 #[cfg(feature = "clap")]
 pub mod flags;
-pub mod gpu;
+mod gpu;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod model;
@@ -73,13 +74,13 @@ pub mod backend {
 }
 
 pub use data::NerData;
+pub use drove_device::kernels;
+pub use drove_device::{BUILD_HINT, DeviceChoice, Gpu, GradientPath, list_devices};
 pub use drove_train::Placement;
-pub use drove_train::gpu::DeviceChoice;
-pub use drove_train::kernels;
 pub use error::NerError;
 pub use eval::EvalReport;
 pub use fit::{train_ner, train_ner_elastic, train_ner_with};
-pub use gpu::Gpu;
+pub use gpu::{GpuTraining, open_gpu};
 #[cfg(feature = "metrics")]
 pub use metrics::MetricsObserver;
 pub use model::load_model;

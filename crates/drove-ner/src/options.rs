@@ -7,9 +7,9 @@ use std::path::PathBuf;
 #[cfg(feature = "clap")]
 use crate::flags;
 use drove_collate::MaskSeeding;
+use drove_device::GradientPath;
+use drove_device::kernels::KernelCache;
 use drove_train::flat::AdamWSettings;
-use drove_train::gpu::GradientPath;
-use drove_train::kernels::KernelCache;
 use drove_train::micro::MicroBatches;
 use drove_train::schedule::LrScaling;
 use drove_train::{LossReduction, Placement, ReplicaOptions, Schedule};
@@ -164,7 +164,7 @@ pub struct NerOptions {
     /// Pad each batch's length up to a multiple of N, so that a GPU run
     /// compiles kernels for a few shapes once instead of one set per length
     /// (1: pad to the longest row only). No default here: the command takes
-    /// the device's own ([`drove_train::gpu::DeviceChoice::pad_multiple`]).
+    /// the device's own ([`drove_device::DeviceChoice::pad_multiple`]).
     #[serde(default)]
     #[cfg_attr(
         feature = "clap",

@@ -21,9 +21,9 @@ pub enum TrainError {
     /// A checkpoint could not be written or read.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    /// The GPU, or a library it needs, is missing or failed.
-    #[error("{0}")]
-    Gpu(String),
+    /// The device failed, or could not average a bucket of gradients.
+    #[error(transparent)]
+    Device(#[from] drove_device::DeviceError),
     /// A step's loss or global gradient norm was not finite: no update was
     /// applied, and every rank stops with this error.
     #[error(

@@ -11,7 +11,9 @@
 //! and resume every rank from one folder. Where parameters and optimizer state
 //! live is a [`Placement`]: host flat buffers (the CPU fast path) or tensors on
 //! the backend's device, whose gradient all-reduce goes through one seam,
-//! [`device::BucketAllReduce`].
+//! drove-device's [`BucketAllReduce`](drove_device::BucketAllReduce) (host
+//! staging, or NCCL in place): this crate opens no device and holds no GPU
+//! code; drove-device does.
 //!
 //! The parts it is made of are public too: [`broadcast_parameters`] and
 //! [`all_reduce_gradients`] for a loop of one's own, [`flat`] (flat buffers,
@@ -27,22 +29,16 @@
 #![deny(missing_docs)]
 
 pub mod checkpoint;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod device;
 mod error;
 mod exchange;
 pub mod flat;
-pub mod gpu;
-pub mod kernels;
 pub mod micro;
 mod phase;
 mod placement;
 pub mod replica;
 pub mod schedule;
 pub mod timeline;
-#[cfg(feature = "wgpu")]
-pub mod wgpu;
 
 pub use error::TrainError;
 pub use exchange::{all_reduce_gradients, broadcast_parameters};

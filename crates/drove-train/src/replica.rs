@@ -52,11 +52,11 @@ use drove_collective::{Buffer, Collective, Element};
 
 use crate::TrainError;
 use crate::checkpoint;
-use crate::device::BucketAllReduce;
 use crate::flat::{FlatAdamW, FlatParams, decays};
 use crate::micro::MicroBatches;
 use crate::placement::{PlacementStep, StartState};
 use crate::timeline::Timeline;
+use drove_device::BucketAllReduce;
 
 mod options;
 mod outcome;

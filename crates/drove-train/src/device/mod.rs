@@ -1,5 +1,6 @@
 //! The backend placement: parameters, gradients and AdamW state as tensors on
-//! the backend's device, and the one seam where gradients leave it.
+//! the backend's device, and its use of the one seam where gradients leave it
+//! (drove-device's [`BucketAllReduce`]).
 //!
 //! Gradients are taken from burn's `GradientsParams` as flat 1-D tensors (a
 //! reshape, no copy), summed over micro-batches and passes on the device,
@@ -17,92 +18,14 @@
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Tensor, TensorData};
-use drove_collective::fusion::{Compression, FusionOptions, all_reduce_fused, buckets};
+use drove_collective::fusion::{Compression, FusionOptions, buckets};
 use drove_collective::{Collective, ReduceOptions};
 
+use drove_device::{BucketAllReduce, DeviceError, HostStaging, read_back};
+
 use crate::TrainError;
-
-/// The all-reduce of one bucket of gradients: **the seam** where a device
-/// collective replaces host staging.
-///
-/// A bucket is the gradients of consecutive parameters (module order),
-/// flattened and concatenated into one 1-D tensor on the backend's device.
-/// Every rank calls this with buckets of the same names and lengths in the
-/// same order; an implementation returns the reduced bucket (in place or as a
-/// new tensor) or fails on every rank, never hangs past its deadline.
-pub trait BucketAllReduce<B: Backend> {
-    /// Reduces `bucket` across the ranks of `comm` with `op` (the replica asks
-    /// for the average). `comm` is the host collective, for implementations
-    /// that check descriptions over it before a device op.
-    fn all_reduce(
-        &self,
-        comm: &dyn Collective,
-        name: &str,
-        bucket: Tensor<B, 1>,
-        op: ReduceOptions,
-    ) -> Result<Tensor<B, 1>, TrainError>;
-
-    /// `Some` when this reducer is [`HostStaging`]: [`all_reduce_buckets`]
-    /// then reads the next bucket back from the device while the previous
-    /// one is all-reduced, instead of one bucket at a time.
-    fn host_staging(&self) -> Option<HostStaging> {
-        None
-    }
-}
-
-/// The default [`BucketAllReduce`]: the bucket goes to one host buffer, through
-/// the [`Collective`] (optionally compressed on the wire), and back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HostStaging {
-    /// Wire format.
-    pub compression: Compression,
-}
-
-impl<B: Backend> BucketAllReduce<B> for HostStaging {
-    fn all_reduce(
-        &self,
-        comm: &dyn Collective,
-        name: &str,
-        bucket: Tensor<B, 1>,
-        op: ReduceOptions,
-    ) -> Result<Tensor<B, 1>, TrainError> {
-        let device = bucket.device();
-        let staged = read_back(name, bucket)?;
-        self.reduce_staged(comm, name, staged, op, &device)
-    }
-
-    fn host_staging(&self) -> Option<HostStaging> {
-        Some(*self)
-    }
-}
-
-impl HostStaging {
-    /// All-reduces a bucket already read back to the host and writes it to `device`.
-    fn reduce_staged<B: Backend>(
-        &self,
-        comm: &dyn Collective,
-        name: &str,
-        mut staged: Vec<f32>,
-        op: ReduceOptions,
-        device: &B::Device,
-    ) -> Result<Tensor<B, 1>, TrainError> {
-        let n = staged.len();
-        let fusion = FusionOptions { threshold_bytes: 0, compression: self.compression };
-        all_reduce_fused(comm, name, &mut [staged.as_mut_slice()], op, fusion)?;
-        Ok(Tensor::from_data(TensorData::new(staged, [n]), device))
-    }
-}
-
-/// Copies `bucket` from the device to one host buffer; a device that failed
-/// (lost, out of memory) is an error naming the bucket, never a panic.
-fn read_back<B: Backend>(name: &str, bucket: Tensor<B, 1>) -> Result<Vec<f32>, TrainError> {
-    let data = bucket
-        .try_into_data()
-        .map_err(|e| TrainError::Gpu(format!("reading {name} back from the device: {e}")))?;
-    crate::flat::to_f32(data, 0)
-}
 
 /// Takes every float gradient of `model` out of `grads` as a flat 1-D tensor
 /// on the device, in module order (zeros for a parameter that got none).
@@ -202,13 +125,14 @@ fn staged_overlapped<B: Backend>(
     // The reader is another thread, and a GPU backend's queue is per thread
     // (cubecl's streams): the gradients are finished here before it reads
     // them, or it could read a bucket the backward pass has not written yet.
-    B::sync(&device)
-        .map_err(|e| TrainError::Gpu(format!("finishing the backward pass on the device: {e:?}")))?;
+    B::sync(&device).map_err(|e| {
+        TrainError::Device(DeviceError::Gpu(format!("finishing the backward pass on the device: {e:?}")))
+    })?;
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<f32>, TrainError>>(1);
         scope.spawn(move || {
             for (name, bucket) in packed {
-                let read = read_back(&name, bucket);
+                let read = read_back(&name, bucket).map_err(TrainError::from);
                 let failed = read.is_err();
                 if tx.send(read).is_err() || failed {
                     break;
@@ -218,9 +142,9 @@ fn staged_overlapped<B: Backend>(
         names
             .into_iter()
             .map(|name| {
-                let staged = rx
-                    .recv()
-                    .map_err(|_| TrainError::Gpu(format!("{name}: the reader thread stopped")))??;
+                let staged = rx.recv().map_err(|_| {
+                    TrainError::Device(DeviceError::Gpu(format!("{name}: the reader thread stopped")))
+                })??;
                 let reduced =
                     staging.reduce_staged::<B>(comm, &name, staged, ReduceOptions::average(), &device)?;
                 Ok((name, reduced))

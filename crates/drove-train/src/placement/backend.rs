@@ -13,9 +13,9 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::step::{Pass, PlacementStep, UpdateSettings, accumulate};
 use crate::TrainError;
-use crate::device::{
-    BucketAllReduce, DeviceAdamW, all_reduce_buckets, clip_global_norm, flatten, scalar, take_gradients,
-};
+use drove_device::BucketAllReduce;
+
+use crate::device::{DeviceAdamW, all_reduce_buckets, clip_global_norm, flatten, scalar, take_gradients};
 use crate::flat::{FlatAdamW, FlatParams};
 use crate::micro::MicroBatches;
 use crate::phase::{PhaseTimes, phase};

@@ -14,10 +14,10 @@ use drove_collective::fusion::all_reduce_fused;
 
 use super::step::{Pass, PlacementStep, UpdateSettings, accumulate};
 use crate::TrainError;
-use crate::device::BucketAllReduce;
 use crate::flat::{FlatAdamW, FlatParams, clip_global_norm, global_norm, take_gradients};
 use crate::micro::{MicroBatches, add_into};
 use crate::phase::{PhaseTimes, phase};
+use drove_device::BucketAllReduce;
 
 /// [`FlatParams`] and [`FlatAdamW`], and the gradients summed since the last
 /// update as flat buffers in module order.

@@ -18,7 +18,9 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use drove_collective::fusion::FusionOptions;
 
-use crate::device::{DeviceAdamW, HostStaging};
+use drove_device::{DeviceChoice, HostStaging};
+
+use crate::device::DeviceAdamW;
 use crate::flat::{AdamWSettings, FlatAdamW, FlatParams};
 use backend::BackendPlacement;
 use host::HostPlacement;
@@ -35,8 +37,18 @@ pub enum Placement {
     Host,
     /// Tensors on the backend's device, updated by the same AdamW in burn ops
     /// ([`DeviceAdamW`]); gradients cross to the host only inside the bucket
-    /// all-reduce ([`BucketAllReduce`](crate::device::BucketAllReduce)), which a device collective replaces.
+    /// all-reduce ([`BucketAllReduce`](drove_device::BucketAllReduce)), which a
+    /// device collective replaces.
     Backend,
+}
+
+impl Placement {
+    /// Where parameters and optimizer state live on `device` unless asked
+    /// otherwise: flat host buffers on the CPU (its fast path), tensors on
+    /// the device on a GPU.
+    pub fn default_for(device: DeviceChoice) -> Placement {
+        if device.is_gpu() { Placement::Backend } else { Placement::Host }
+    }
 }
 
 impl std::str::FromStr for Placement {

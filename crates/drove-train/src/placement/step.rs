@@ -12,11 +12,11 @@ use drove_collective::Collective;
 use drove_collective::fusion::FusionOptions;
 
 use crate::TrainError;
-use crate::device::BucketAllReduce;
 use crate::flat::{FlatAdamW, FlatParams};
 use crate::micro::MicroBatches;
 use crate::phase::PhaseTimes;
 use crate::timeline::Timeline;
+use drove_device::BucketAllReduce;
 
 /// One micro-batch's forward and backward pass, as the replica runs it:
 /// `(index, rows, model)` to the loss value and the gradients.

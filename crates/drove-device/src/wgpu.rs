@@ -15,7 +15,7 @@
 //! an error.
 //!
 //! Gradients leave the device through host staging
-//! ([`device::HostStaging`](crate::device::HostStaging)), averaged by the
+//! ([`HostStaging`](crate::HostStaging)), averaged by the
 //! [`Collective`](drove_collective::Collective) as Horovod does without NCCL.
 
 use std::fmt;
@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use burn_cubecl::CubeBackend;
 use cubecl::wgpu::{AutoGraphicsApi, GraphicsApi, RuntimeOptions, WgpuRuntime, WgpuSetup};
 
-use crate::TrainError;
+use crate::DeviceError;
 
 /// burn's wgpu backend without fusion: f32 floats, i32 ints, u32 bools.
 pub type Wgpu = CubeBackend<WgpuRuntime, f32, i32, u32>;
@@ -84,12 +84,12 @@ pub fn describe(adapters: &[Adapter]) -> String {
 /// Every adapter wgpu finds for the platform's graphics API (Vulkan on
 /// Linux and Windows, Metal on macOS), in wgpu's order: `wgpu:N` is the N-th.
 /// An error names a missing Vulkan loader; an empty list is no error here.
-pub fn adapters() -> Result<Vec<Adapter>, TrainError> {
+pub fn adapters() -> Result<Vec<Adapter>, DeviceError> {
     let (_, found) = enumerate()?;
     Ok(found.into_iter().enumerate().map(|(i, a)| Adapter::new(i, a.get_info())).collect())
 }
 
-fn enumerate() -> Result<(wgpu::Instance, Vec<wgpu::Adapter>), TrainError> {
+fn enumerate() -> Result<(wgpu::Instance, Vec<wgpu::Adapter>), DeviceError> {
     check_loader()?;
     let backend = AutoGraphicsApi::backend();
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
@@ -102,7 +102,7 @@ fn enumerate() -> Result<(wgpu::Instance, Vec<wgpu::Adapter>), TrainError> {
 
 /// Whether the Vulkan loader can be loaded (wgpu skips Vulkan silently when it
 /// cannot, which would read as "no adapter").
-fn check_loader() -> Result<(), TrainError> {
+fn check_loader() -> Result<(), DeviceError> {
     #[cfg(all(unix, not(target_os = "macos")))]
     {
         let name = std::ffi::CString::new(VULKAN_LOADER).expect("no NUL in the name");
@@ -116,7 +116,7 @@ fn check_loader() -> Result<(), TrainError> {
             !handle.is_null()
         };
         if !found {
-            return Err(TrainError::Gpu(format!(
+            return Err(DeviceError::Gpu(format!(
                 "no Vulkan loader: {VULKAN_LOADER} cannot be loaded, so wgpu sees no GPU. Install it with your \
                  GPU's driver (Debian/Ubuntu: libvulkan1 and, for a GPU, its vendor's Vulkan driver; without a \
                  GPU, mesa-vulkan-drivers gives Mesa's software Vulkan), or put its folder on LD_LIBRARY_PATH; \
@@ -211,12 +211,12 @@ pub fn catch_quietly<R>(f: impl FnOnce() -> R) -> Result<R, String> {
 /// the adapter (an error lists those found when there is none or `index` is
 /// past them), requests a device with the features and limits cubecl-wgpu
 /// asks for, and registers it with cubecl. Nothing panics on the way.
-pub fn open_adapter(index: usize) -> Result<OpenedAdapter, TrainError> {
+pub fn open_adapter(index: usize) -> Result<OpenedAdapter, DeviceError> {
     let (instance, mut found) = enumerate()?;
     let listed: Vec<Adapter> = found.iter().enumerate().map(|(i, a)| Adapter::new(i, a.get_info())).collect();
     let backend = AutoGraphicsApi::backend();
     if found.is_empty() {
-        return Err(TrainError::Gpu(format!(
+        return Err(DeviceError::Gpu(format!(
             "no wgpu adapter: the Vulkan loader is there but finds no {backend:?} device (no GPU driver with \
              {backend:?} support, or VK_ICD_FILENAMES names none). Install your GPU's Vulkan driver, or \
              mesa-vulkan-drivers for Mesa's software Vulkan (lavapipe: slow, for checking); --device cpu trains \
@@ -224,7 +224,7 @@ pub fn open_adapter(index: usize) -> Result<OpenedAdapter, TrainError> {
         )));
     }
     if index >= found.len() {
-        return Err(TrainError::Gpu(format!(
+        return Err(DeviceError::Gpu(format!(
             "wgpu adapter {index} was asked for but wgpu finds {} adapter(s):{}\nname one with --device wgpu:N",
             found.len(),
             describe(&listed)
@@ -244,7 +244,7 @@ pub fn open_adapter(index: usize) -> Result<OpenedAdapter, TrainError> {
         experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
     }));
     let (device, queue) =
-        requested.map_err(|e| TrainError::Gpu(format!("opening {chosen}: wgpu refused the device: {e}")))?;
+        requested.map_err(|e| DeviceError::Gpu(format!("opening {chosen}: wgpu refused the device: {e}")))?;
     let name = chosen.to_string();
     device.set_device_lost_callback(move |reason, message| {
         let why = match one_line(&message) {

@@ -6,8 +6,8 @@ use drove_collective::{Collective, DType, ReduceOptions};
 use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, Nccl};
 
 use super::{Cuda, CudaDevice, DeviceMemory, device_memory, sync};
-use crate::TrainError;
-use crate::device::BucketAllReduce;
+use crate::BucketAllReduce;
+use crate::DeviceError;
 
 /// The gradient all-reduce of the backend placement on GPUs: each bucket is
 /// reduced in place in device memory by NCCL, without a host copy.
@@ -29,7 +29,7 @@ pub fn gradient_reducer(
     ordinal: usize,
     device: CudaDevice,
     opts: DeviceOptions,
-) -> Result<Option<NcclBuckets>, TrainError> {
+) -> Result<Option<NcclBuckets>, DeviceError> {
     if mesh.world_size() < 2 {
         return Ok(None);
     }
@@ -44,8 +44,8 @@ impl NcclBuckets {
         ordinal: usize,
         device: CudaDevice,
         opts: DeviceOptions,
-    ) -> Result<Self, TrainError> {
-        let nccl = Nccl::new(ordinal).map_err(|e| TrainError::Gpu(e.to_string()))?;
+    ) -> Result<Self, DeviceError> {
+        let nccl = Nccl::new(ordinal).map_err(|e| DeviceError::Gpu(e.to_string()))?;
         let comm = DeviceComm::connect(mesh, nccl, opts).map_err(nccl_error)?;
         Ok(NcclBuckets { comm, device })
     }
@@ -71,7 +71,7 @@ impl NcclBuckets {
         name: &str,
         send: Tensor<Cuda, 1>,
         recv: Tensor<Cuda, 1>,
-    ) -> Result<(Tensor<Cuda, 1>, Tensor<Cuda, 1>), TrainError> {
+    ) -> Result<(Tensor<Cuda, 1>, Tensor<Cuda, 1>), DeviceError> {
         let (send, recv) = (device_memory(send)?, device_memory(recv)?);
         sync(&self.device)?;
         // SAFETY: both tensors own their memory (copied if shared) and live past
@@ -86,10 +86,10 @@ fn slice(memory: &DeviceMemory) -> DeviceSlice {
     DeviceSlice { ptr: memory.ptr, len: memory.len, dtype: DType::F32 }
 }
 
-fn nccl_error(e: drove_nccl::Error) -> TrainError {
+fn nccl_error(e: drove_nccl::Error) -> DeviceError {
     match e {
-        drove_nccl::Error::Comm(c) => TrainError::Comm(c),
-        other => TrainError::Gpu(other.to_string()),
+        drove_nccl::Error::Comm(c) => DeviceError::Comm(c),
+        other => DeviceError::Gpu(other.to_string()),
     }
 }
 
@@ -100,7 +100,7 @@ impl BucketAllReduce<Cuda> for NcclBuckets {
         name: &str,
         bucket: Tensor<Cuda, 1>,
         op: ReduceOptions,
-    ) -> Result<Tensor<Cuda, 1>, TrainError> {
+    ) -> Result<Tensor<Cuda, 1>, DeviceError> {
         let bucket = device_memory(bucket)?;
         sync(&self.device)?;
         // SAFETY: `bucket` owns the memory (copied if shared) and lives past

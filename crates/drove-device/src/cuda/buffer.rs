@@ -1,4 +1,4 @@
-//! Raw device memory for the GPU suites (feature `cuda`): an allocation that
+//! Raw device memory for the GPU benchmarks (feature `cuda`): an allocation that
 //! is freed on every path, and the device-to-device copy that the NCCL suite
 //! is compared with. Every call needs a CUDA context current on the calling
 //! thread (as after `drove_nccl::Nccl::new`).
@@ -8,11 +8,11 @@ use std::time::Instant;
 use cudarc::driver::result as cu;
 use cudarc::driver::sys::CUstream;
 
-use crate::BenchError;
+use crate::DeviceError;
 
 /// A driver call's failure, named.
-fn failed(call: &'static str) -> impl FnOnce(cu::DriverError) -> BenchError {
-    move |e| BenchError::Device(format!("{call}: {e:?}"))
+fn failed(call: &'static str) -> impl FnOnce(cu::DriverError) -> DeviceError {
+    move |e| DeviceError::Gpu(format!("{call}: {e:?}"))
 }
 
 /// A device allocation of `bytes`, freed on drop.
@@ -24,14 +24,14 @@ pub struct DeviceBuffer {
 
 impl DeviceBuffer {
     /// Allocates `bytes` on the current context's device (not initialised).
-    pub fn new(bytes: usize) -> Result<DeviceBuffer, BenchError> {
+    pub fn new(bytes: usize) -> Result<DeviceBuffer, DeviceError> {
         // SAFETY: a fresh allocation, owned by the guard from here on.
         let ptr = unsafe { cu::malloc_sync(bytes) }.map_err(failed("cuMemAlloc"))?;
         Ok(DeviceBuffer { ptr, bytes })
     }
 
     /// Allocates `bytes`, every one zero.
-    pub fn zeroed(bytes: usize) -> Result<DeviceBuffer, BenchError> {
+    pub fn zeroed(bytes: usize) -> Result<DeviceBuffer, DeviceError> {
         let buffer = DeviceBuffer::new(bytes)?;
         // SAFETY: the whole of our own allocation, used by nothing else yet.
         unsafe { cu::memset_d8_sync(buffer.ptr, 0, bytes) }.map_err(failed("cuMemsetD8"))?;
@@ -66,7 +66,7 @@ pub unsafe fn copy_seconds(
     to: &DeviceBuffer,
     from: &DeviceBuffer,
     stream: CUstream,
-) -> Result<f64, BenchError> {
+) -> Result<f64, DeviceError> {
     let bytes = from.bytes.min(to.bytes);
     let t = Instant::now();
     // SAFETY: both allocations hold `bytes`; the caller vouches for the stream.
@@ -78,7 +78,7 @@ pub unsafe fn copy_seconds(
 }
 
 /// The name of GPU `ordinal`, from the driver.
-pub fn device_name(ordinal: usize) -> Result<String, BenchError> {
+pub fn device_name(ordinal: usize) -> Result<String, DeviceError> {
     let dev = cu::device::get(ordinal as i32).map_err(failed("cuDeviceGet"))?;
     cu::device::get_name(dev).map_err(failed("cuDeviceGetName"))
 }

@@ -22,7 +22,7 @@ use drove_collective::{Collective, ReduceOptions};
 use serde::Serialize;
 
 use super::{Access, Cuda, CudaDevice, NcclBuckets, device_memory};
-use crate::device::BucketAllReduce;
+use crate::BucketAllReduce;
 
 /// Elements of each case's tensor: 4096 f32s (16 KiB), a multiple of the
 /// 512-byte alignment at which burn slices a CUDA tensor without a copy.

@@ -18,7 +18,7 @@ use burn_cubecl::tensor::CubeTensor;
 use burn_fusion::{Fusion, FusionTensor, NoOp};
 use cubecl::cuda::CudaRuntime;
 
-use crate::TrainError;
+use crate::DeviceError;
 
 /// burn's CUDA backend under fusion: f32 floats, i32 ints, u8 bools. Chains
 /// of element-wise operations (AdamW's, GELU's, LayerNorm's) run as one
@@ -30,15 +30,15 @@ pub type CudaCube = CubeBackend<CudaRuntime, f32, i32, u8>;
 /// A GPU as burn names it.
 pub use cubecl::cuda::CudaDevice;
 
-fn missing(library: &str, hint: &str) -> TrainError {
-    TrainError::Gpu(format!("{library} cannot be loaded: {hint}"))
+fn missing(library: &str, hint: &str) -> DeviceError {
+    DeviceError::Gpu(format!("{library} cannot be loaded: {hint}"))
 }
 
 /// Checks that training can run on GPU `ordinal` (libcuda and a driver that
 /// shows the GPU, libnvrtc, the CUDA headers NVRTC compiles against) and
 /// returns burn's device for it. Nothing is touched before the checks pass,
 /// so a machine without a GPU gets this error and no panic.
-pub fn open_gpu(ordinal: usize) -> Result<CudaDevice, TrainError> {
+pub fn open_gpu(ordinal: usize) -> Result<CudaDevice, DeviceError> {
     // SAFETY: loading shared libraries by name runs their initialisers, which
     // for the CUDA driver and NVRTC is what using them does anyway.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
@@ -60,7 +60,7 @@ pub fn open_gpu(ordinal: usize) -> Result<CudaDevice, TrainError> {
     match cubecl::cuda::install::cuda_path() {
         Some(root) if root.join("include").join("cuda.h").exists() => {}
         found => {
-            return Err(TrainError::Gpu(format!(
+            return Err(DeviceError::Gpu(format!(
                 "the CUDA headers NVRTC compiles burn's kernels against are missing ({}): install the CUDA \
                  toolkit's headers and set CUDA_PATH to the folder holding include/cuda.h",
                 match found {
@@ -71,11 +71,11 @@ pub fn open_gpu(ordinal: usize) -> Result<CudaDevice, TrainError> {
             )));
         }
     }
-    let driver = |what: &str, e: cudarc::driver::DriverError| TrainError::Gpu(format!("{what}: {e:?}"));
+    let driver = |what: &str, e: cudarc::driver::DriverError| DeviceError::Gpu(format!("{what}: {e:?}"));
     cudarc::driver::result::init().map_err(|e| driver("initialising the CUDA driver (cuInit)", e))?;
     let count = cudarc::driver::result::device::get_count().map_err(|e| driver("counting GPUs", e))? as usize;
     if ordinal >= count {
-        return Err(TrainError::Gpu(format!(
+        return Err(DeviceError::Gpu(format!(
             "GPU {ordinal} was asked for but this process sees {count} GPU(s) (CUDA_VISIBLE_DEVICES={}); \
              under `drove run` each rank takes the GPU of its local rank: start at most {count} rank(s) per \
              host, or name one with --device cuda:N",
@@ -86,8 +86,8 @@ pub fn open_gpu(ordinal: usize) -> Result<CudaDevice, TrainError> {
 }
 
 /// Waits for every kernel burn queued on `device` (a host sync).
-pub fn sync(device: &CudaDevice) -> Result<(), TrainError> {
-    <Cuda as Backend>::sync(device).map_err(|e| TrainError::Gpu(format!("waiting for the GPU: {e:?}")))
+pub fn sync(device: &CudaDevice) -> Result<(), DeviceError> {
+    <Cuda as Backend>::sync(device).map_err(|e| DeviceError::Gpu(format!("waiting for the GPU: {e:?}")))
 }
 
 /// How [`device_memory`] reached a tensor's memory.
@@ -126,7 +126,7 @@ pub struct DeviceMemory {
 /// The address is read with `get_resource`, which applies the view's offset;
 /// burn 0.21 has no way to order a foreign stream after its own, so the
 /// caller syncs (see [`sync`]) before other work touches it.
-pub fn device_memory(tensor: Tensor<Cuda, 1>) -> Result<DeviceMemory, TrainError> {
+pub fn device_memory(tensor: Tensor<Cuda, 1>) -> Result<DeviceMemory, DeviceError> {
     let len = tensor.dims()[0];
     let fused = tensor.into_primitive().tensor();
     // Runs the fused work the tensor waits on, then hands its cubecl tensor over.
@@ -148,7 +148,7 @@ pub fn device_memory(tensor: Tensor<Cuda, 1>) -> Result<DeviceMemory, TrainError
     let resource = prim
         .client
         .get_resource(prim.handle.clone())
-        .map_err(|e| TrainError::Gpu(format!("reading a tensor's device address: {e:?}")))?;
+        .map_err(|e| DeviceError::Gpu(format!("reading a tensor's device address: {e:?}")))?;
     let ptr = resource.resource().ptr;
     let tensor = Tensor::from_primitive(TensorPrimitive::Float(into_fusion(prim)));
     Ok(DeviceMemory { tensor, ptr, len, offset_bytes, access })
@@ -180,9 +180,9 @@ fn into_fusion(
 /// The driver answers for the context current on the calling thread, and
 /// burn makes its context current only on its own runner thread: this makes
 /// the GPU's primary context (the one burn uses) current here first.
-pub fn memory_used_bytes(ordinal: usize) -> Result<u64, TrainError> {
+pub fn memory_used_bytes(ordinal: usize) -> Result<u64, DeviceError> {
     use cudarc::driver::result as cu;
-    let driver = |what: &str, e: cudarc::driver::DriverError| TrainError::Gpu(format!("{what}: {e:?}"));
+    let driver = |what: &str, e: cudarc::driver::DriverError| DeviceError::Gpu(format!("{what}: {e:?}"));
     cu::init().map_err(|e| driver("cuInit", e))?;
     let dev = cu::device::get(ordinal as std::ffi::c_int).map_err(|e| driver("cuDeviceGet", e))?;
     let previous = cu::ctx::get_current().map_err(|e| driver("cuCtxGetCurrent", e))?;
@@ -204,10 +204,14 @@ pub fn memory_used_bytes(ordinal: usize) -> Result<u64, TrainError> {
 
 #[cfg(feature = "nccl")]
 mod buckets;
+mod buffer;
 #[cfg(feature = "nccl")]
 mod in_place;
 
 #[cfg(feature = "nccl")]
 pub use buckets::{NcclBuckets, gradient_reducer};
+pub use buffer::{DeviceBuffer, copy_seconds, device_name};
+/// A CUDA stream, as the driver API names it (for [`copy_seconds`]).
+pub use cudarc::driver::sys::CUstream;
 #[cfg(feature = "nccl")]
 pub use in_place::{CaseCheck, CaseKind, InPlaceCase, InPlaceReport, check_in_place};

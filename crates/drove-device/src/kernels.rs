@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::TrainError;
+use crate::DeviceError;
 
 /// Where compiled kernels and autotune results are kept: `--kernel-cache`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -102,11 +102,11 @@ pub struct Configured {
 /// kernel launched or compiled). Call it before a GPU is opened; a second
 /// call in the same process keeps the first configuration and says so in its
 /// result. A build without GPU features only resolves the folder.
-pub fn configure(cache: &KernelCache, counting: Counting) -> Result<Configured, TrainError> {
+pub fn configure(cache: &KernelCache, counting: Counting) -> Result<Configured, DeviceError> {
     let dir = cache.dir();
     if let Some(dir) = &dir {
         std::fs::create_dir_all(dir).map_err(|e| {
-            TrainError::Gpu(format!(
+            DeviceError::Gpu(format!(
                 "creating the kernel cache folder {}: {e} (name another with --kernel-cache DIR, or \
                  --kernel-cache off)",
                 dir.display()
@@ -199,7 +199,7 @@ pub fn compiled() -> u64 {
 /// Installs the process's `log` logger: cubecl's launch notes are counted,
 /// every other record goes to `forward` (the binary's bridge to `tracing`).
 /// Fails when another logger is already installed.
-pub fn install_logger(forward: fn(&log::Record<'_>)) -> Result<(), TrainError> {
+pub fn install_logger(forward: fn(&log::Record<'_>)) -> Result<(), DeviceError> {
     struct Counter(fn(&log::Record<'_>));
     impl log::Log for Counter {
         fn enabled(&self, _: &log::Metadata<'_>) -> bool {
@@ -213,7 +213,7 @@ pub fn install_logger(forward: fn(&log::Record<'_>)) -> Result<(), TrainError> {
         fn flush(&self) {}
     }
     log::set_boxed_logger(Box::new(Counter(forward)))
-        .map_err(|e| TrainError::Options(format!("installing the kernel launch counter: {e}")))
+        .map_err(|e| DeviceError::Gpu(format!("installing the kernel launch counter: {e}")))
 }
 
 /// Kernels in the cache folder's compiled-kernel caches: the lines of their
