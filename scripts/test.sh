@@ -90,7 +90,8 @@ step "cargo test (features $features)"
 # resolution, so the doctests reuse what the tests built (a separate `--doc`
 # run resolved dev-dependencies apart and compiled tonic and rustls again,
 # 4 minutes), and the examples are built as the programs the system tests run.
-cargo test --workspace --locked --features "$features"
+# `--timings` leaves what each crate cost to build in target/cargo-timings/.
+cargo test --workspace --locked --features "$features" --timings
 disk "cargo test"
 step "the Python package (python/): fmt, clippy, one abi3 wheel, its tests on the oldest and newest Python and on the one with torch"
 python_started=$(date +%s)

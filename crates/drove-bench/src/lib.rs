@@ -27,10 +27,10 @@
 //!   flags, help text and defaults are one type; `drove bench` flattens them
 //!   (`#[command(flatten)]`) and adds only `--json`. Their `Default` is
 //!   parsing no flags (a test holds the two together).
-//! - `cuda`: `device`, raw device memory for the GPU suites (cudarc; the
-//!   libraries are loaded at run time).
-//! - `nccl`: the NCCL suite, through drove-nccl, and drove-train's in-place
-//!   check.
+//! - `cuda`: the training suite on CUDA (drove-device's; the libraries are
+//!   loaded at run time).
+//! - `nccl`: the NCCL suite, through drove-nccl on drove-device's raw device
+//!   buffers, and drove-device's in-place check.
 //!
 //! ```no_run
 //! let options = drove_bench::mask::MaskOptions { seconds: 0.2, ..Default::default() };
