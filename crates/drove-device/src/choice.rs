@@ -16,7 +16,7 @@ pub enum DeviceChoice {
     #[default]
     Cpu,
     /// A GPU through burn-cuda: `Some(n)` for `cuda:n`, `None` for `cuda`
-    /// (the GPU of the local rank; see [`gpu_ordinal`]).
+    /// (the GPU of the local rank; see [`gpu_ordinal`](crate::gpu_ordinal)).
     Cuda(Option<usize>),
     /// A GPU through burn's wgpu (Vulkan, Metal, DX12): `Some(n)` for
     /// `wgpu:n`, the n-th adapter wgpu lists; `None` for `wgpu` (the adapter

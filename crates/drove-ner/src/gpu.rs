@@ -54,7 +54,14 @@ pub trait GpuTraining {
     ) -> Result<NerSummary, NerError>;
 }
 
+// `#[inline]`: the fit loop is instantiated for the CUDA and wgpu backends in
+// the crate that calls these (drove-cli, drove-bench), at that crate's
+// optimisation level, not here. drove-ner's dev profile is opt-level 3 for the
+// CPU tests' sake, and instantiating two GPU backends at that level made
+// drove-ner the longest unit of CI's build (443 s of its 13 minutes, on the
+// critical path); a release build optimises them wherever they are.
 impl GpuTraining for Gpu {
+    #[inline]
     fn train_ner(
         &self,
         opts: &NerOptions,
@@ -89,6 +96,7 @@ impl GpuTraining for Gpu {
         }
     }
 
+    #[inline]
     fn train_ner_elastic(
         &self,
         opts: &NerOptions,
