@@ -79,41 +79,56 @@ pub fn all_reduce_fused<C: Collective + ?Sized>(
     }
     let sizes: Vec<usize> = tensors.iter().map(|t| t.len() * 4).collect();
     for (b, bucket) in buckets(&sizes, fusion.threshold_bytes).into_iter().enumerate() {
-        let total: usize = bucket.iter().map(|&i| tensors[i].len()).sum();
-        let mut packed = match fusion.compression {
-            Compression::None => Buffer::zeros(DType::F32, total),
-            Compression::F16 => Buffer::zeros(DType::F16, total),
-            Compression::BF16 => Buffer::zeros(DType::BF16, total),
-        };
-        let mut offset = 0;
-        for &i in &bucket {
-            let t = &tensors[i];
-            match &mut packed {
-                Buffer::F32(p) => p[offset..offset + t.len()].copy_from_slice(t),
-                Buffer::F16(p) => p[offset..offset + t.len()]
-                    .iter_mut()
-                    .zip(t.iter())
-                    .for_each(|(d, &s)| *d = f16::from_f32(s)),
-                Buffer::BF16(p) => p[offset..offset + t.len()]
-                    .iter_mut()
-                    .zip(t.iter())
-                    .for_each(|(d, &s)| *d = bf16::from_f32(s)),
-                _ => unreachable!("packed buffers are f32, f16 or bf16"),
+        // A bucket is a run of consecutive tensors.
+        let parts = &mut tensors[bucket[0]..bucket[bucket.len() - 1] + 1];
+        all_reduce_bucket(comm, &format!("{name}.bucket{b}"), parts, opts, fusion.compression)?;
+    }
+    Ok(())
+}
+
+/// All-reduces one bucket: `parts` packed into one buffer (compressed if
+/// asked), reduced, and copied back, as [`all_reduce_fused`] does for each of
+/// its buckets. For callers that issue buckets themselves (an overlapped step
+/// reduces each as soon as its gradients are ready): the same parts give the
+/// same values bit for bit.
+pub fn all_reduce_bucket<C: Collective + ?Sized>(
+    comm: &C,
+    name: &str,
+    parts: &mut [&mut [f32]],
+    opts: ReduceOptions,
+    compression: Compression,
+) -> Result<(), CommError> {
+    let total: usize = parts.iter().map(|t| t.len()).sum();
+    let mut packed = match compression {
+        Compression::None => Buffer::zeros(DType::F32, total),
+        Compression::F16 => Buffer::zeros(DType::F16, total),
+        Compression::BF16 => Buffer::zeros(DType::BF16, total),
+    };
+    let mut offset = 0;
+    for t in parts.iter() {
+        match &mut packed {
+            Buffer::F32(p) => p[offset..offset + t.len()].copy_from_slice(t),
+            Buffer::F16(p) => {
+                p[offset..offset + t.len()].iter_mut().zip(t.iter()).for_each(|(d, &s)| *d = f16::from_f32(s))
             }
-            offset += t.len();
+            Buffer::BF16(p) => p[offset..offset + t.len()]
+                .iter_mut()
+                .zip(t.iter())
+                .for_each(|(d, &s)| *d = bf16::from_f32(s)),
+            _ => unreachable!("packed buffers are f32, f16 or bf16"),
         }
-        comm.all_reduce(&format!("{name}.bucket{b}"), &[total], packed.as_mut(), opts)?;
-        let mut offset = 0;
-        for &i in &bucket {
-            let t = &mut tensors[i];
-            match &packed {
-                Buffer::F32(p) => t.copy_from_slice(&p[offset..offset + t.len()]),
-                Buffer::F16(p) => t.iter_mut().zip(&p[offset..]).for_each(|(d, s)| *d = s.to_f32()),
-                Buffer::BF16(p) => t.iter_mut().zip(&p[offset..]).for_each(|(d, s)| *d = s.to_f32()),
-                _ => unreachable!("packed buffers are f32, f16 or bf16"),
-            }
-            offset += t.len();
+        offset += t.len();
+    }
+    comm.all_reduce(name, &[total], packed.as_mut(), opts)?;
+    let mut offset = 0;
+    for t in parts.iter_mut() {
+        match &packed {
+            Buffer::F32(p) => t.copy_from_slice(&p[offset..offset + t.len()]),
+            Buffer::F16(p) => t.iter_mut().zip(&p[offset..]).for_each(|(d, s)| *d = s.to_f32()),
+            Buffer::BF16(p) => t.iter_mut().zip(&p[offset..]).for_each(|(d, s)| *d = s.to_f32()),
+            _ => unreachable!("packed buffers are f32, f16 or bf16"),
         }
+        offset += t.len();
     }
     Ok(())
 }

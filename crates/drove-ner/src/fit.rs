@@ -319,8 +319,13 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
         let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count();
         let counts = self.global_counts(local_labelled, batch)?;
         let labelled_global = counts[0].max(1.0);
+        let diagnosed = self.diagnosed.filter(|_| step.is_multiple_of(opts.diagnose_every as u64));
+        if let Some(index) = diagnosed {
+            // An overlapped pass averages the gradients during backward.
+            self.replica.keep_local_gradient(index);
+        }
         self.backward(batch, step, world as f64 / labelled_global)?;
-        if let Some(index) = self.diagnosed.filter(|_| step.is_multiple_of(opts.diagnose_every as u64)) {
+        if let Some(index) = diagnosed {
             self.diagnose_step(index, batch, step)?;
         }
         let outcome = self.replica.apply()?;

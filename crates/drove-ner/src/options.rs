@@ -155,6 +155,19 @@ pub struct NerOptions {
     #[serde(default)]
     #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 0))]
     pub micro_batches: usize,
+    /// Wait for the whole backward pass before averaging any gradients,
+    /// instead of all-reducing each bucket while backward goes on (the same
+    /// parameters either way, bit for bit).
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            help = "All-reduce the gradients after the whole backward pass instead of each bucket \
+                while backward goes on (the same parameters either way)"
+        )
+    )]
+    pub no_overlap: bool,
     /// Where parameters and optimizer state live (host buffers or backend
     /// tensors). No flag here: `drove train ner --placement` defaults to the
     /// device's own.
@@ -270,6 +283,7 @@ impl Default for NerOptions {
             checkpoint_every: 0,
             workers: 2,
             micro_batches: 0,
+            no_overlap: false,
             placement: Placement::Host,
             bucket_window: None,
             pad_multiple: None,
@@ -339,6 +353,7 @@ pub(crate) fn replica_options(opts: &NerOptions, total_steps: u64) -> ReplicaOpt
         micro_batches: MicroBatches::resolve(opts.micro_batches, opts.batch_size),
         loss: LossReduction::Sum,
         placement: opts.placement,
+        overlap: !opts.no_overlap,
         ..ReplicaOptions::default()
     }
 }

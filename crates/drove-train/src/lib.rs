@@ -34,6 +34,7 @@ mod error;
 mod exchange;
 pub mod flat;
 pub mod micro;
+pub mod overlap;
 mod phase;
 mod placement;
 pub mod replica;

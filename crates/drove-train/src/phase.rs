@@ -11,8 +11,12 @@ use crate::timeline::{Timeline, Track};
 pub struct PhaseTimes {
     /// Forward and backward passes (all micro-batches and passes of the step).
     pub compute: Duration,
-    /// The gradient all-reduce.
+    /// The gradient all-reduce; of an overlapped step, the part left after
+    /// backward ended (exposed communication).
     pub all_reduce: Duration,
+    /// Of an overlapped step, the engine's whole all-reduce time, most of it
+    /// during backward (zero for a step that did not overlap).
+    pub communication: Duration,
     /// The global norm and clipping.
     pub clip: Duration,
     /// The optimizer update and writing the parameters back.

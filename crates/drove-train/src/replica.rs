@@ -54,12 +54,14 @@ use crate::TrainError;
 use crate::checkpoint;
 use crate::flat::{FlatAdamW, FlatParams, decays};
 use crate::micro::MicroBatches;
+use crate::overlap::Overlap;
 use crate::placement::{PlacementStep, StartState};
 use crate::timeline::Timeline;
 use drove_device::BucketAllReduce;
 
 mod options;
 mod outcome;
+mod overlapped;
 mod resync;
 mod rows;
 mod step;
@@ -92,6 +94,12 @@ pub struct Replica<'c, B: AutodiffBackend, M: AutodiffModule<B>> {
     passes: usize,
     local_loss: f64,
     compute: Duration,
+    /// The overlapped passes' all-reduce time left after backward ended.
+    exposed: Duration,
+    /// The overlapped passes' all-reduce time, hidden or not.
+    communication: Duration,
+    /// Hook levels and what the overlapped passes keep.
+    overlap: Overlap<B::InnerBackend>,
     /// Where the step's phases are recorded (off unless set).
     timeline: &'c Timeline,
 }
@@ -145,6 +153,9 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             passes: 0,
             local_loss: 0.0,
             compute: Duration::ZERO,
+            exposed: Duration::ZERO,
+            communication: Duration::ZERO,
+            overlap: Overlap::new(),
             timeline: &OFF,
         })
     }
@@ -281,6 +292,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         self.model = Some(params.write(model, &self.device));
         self.placement.restore(params, optim);
         (self.passes, self.local_loss, self.compute) = (0, 0.0, Duration::ZERO);
+        (self.exposed, self.communication, self.overlap.local) = (Duration::ZERO, Duration::ZERO, None);
         Ok(state)
     }
 

@@ -26,6 +26,9 @@ pub enum Track {
     Main,
     /// Micro-batch `i`'s forward and backward.
     Micro(usize),
+    /// The overlap engine: each bucket's all-reduce, from the moment its
+    /// last gradient was ready, beside the backward passes.
+    Engine,
 }
 
 impl Track {
@@ -33,6 +36,7 @@ impl Track {
         match self {
             Track::Main => 0,
             Track::Micro(i) => 1 + i as u64,
+            Track::Engine => 1000,
         }
     }
 
@@ -40,8 +44,23 @@ impl Track {
         match self {
             Track::Main => "main".into(),
             Track::Micro(i) => format!("micro-batch {i}"),
+            Track::Engine => "all-reduce engine".into(),
         }
     }
+}
+
+/// A span as recorded: what, where, and when (microseconds since the Unix
+/// epoch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// Its name (`backward`, `gradients.bucket3 all-reduce`, ...).
+    pub name: String,
+    /// The track it is drawn on.
+    pub track: Track,
+    /// Start.
+    pub start_us: i64,
+    /// End.
+    pub end_us: i64,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -112,6 +131,21 @@ impl Timeline {
         if !tracks.contains(&track) {
             tracks.push(track);
         }
+    }
+
+    /// The spans recorded so far on this rank, in the order they ended.
+    pub fn spans(&self) -> Vec<Span> {
+        let tracks = self.tracks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        events
+            .iter()
+            .map(|e| Span {
+                name: e.name.clone(),
+                track: tracks.iter().copied().find(|t| t.tid() == e.tid).unwrap_or(Track::Main),
+                start_us: e.ts,
+                end_us: e.ts + e.dur,
+            })
+            .collect()
     }
 
     /// Runs `work`, recorded as `name`.

@@ -2,7 +2,8 @@
 //! micro-batches, the diagnostic and a mid-epoch checkpoint; rank 0 writes one
 //! Chrome trace-event file, which must parse, name a process per rank and a
 //! track per thread of work, and within each step keep the main track's phases
-//! apart, in order, adding up to the step's wall time within 10%.
+//! apart, in order, adding up to the step's wall time within 10%, with the
+//! gradient buckets' all-reduces on the engine's track starting during backward.
 
 use std::process::Command;
 
@@ -53,7 +54,7 @@ fn the_timeline_holds_every_rank_and_its_steps_phases_in_order() {
         assert_eq!(meta("process_name"), [format!("rank {rank}")]);
         let mut tracks = meta("thread_name");
         tracks.sort();
-        assert_eq!(tracks, ["main", "micro-batch 0", "micro-batch 1"], "rank {rank}");
+        assert_eq!(tracks, ["all-reduce engine", "main", "micro-batch 0", "micro-batch 1"], "rank {rank}");
 
         let complete: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X" && e["pid"] == rank).collect();
         for e in &complete {
@@ -94,6 +95,26 @@ fn the_timeline_holds_every_rank_and_its_steps_phases_in_order() {
             }
             let last = phases.last().unwrap();
             assert!(num(last, "ts") + num(last, "dur") <= end + 1, "a phase past its step: {last}");
+            // The all-reduce overlaps backward: from the second step (the
+            // first measures where the gradients are finished), a bucket is
+            // whole and handed to the engine before backward has ended.
+            let within = |e: &&&Value| (start..end).contains(&num(e, "ts"));
+            let buckets: Vec<i64> =
+                complete.iter().filter(|e| e["tid"] == 1000 && within(e)).map(|e| num(e, "ts")).collect();
+            assert!(!buckets.is_empty(), "rank {rank} step {n}: no bucket on the engine's track");
+            let backward_end = complete
+                .iter()
+                .filter(|e| e["name"] == "backward" && within(e))
+                .map(|e| num(e, "ts") + num(e, "dur"))
+                .max()
+                .expect("backward spans");
+            if n > 1 {
+                let first = buckets.iter().min().unwrap();
+                assert!(
+                    *first < backward_end,
+                    "rank {rank} step {n}: the first bucket at {first} us, backward ended at {backward_end}"
+                );
+            }
             let sum: i64 = phases.iter().map(|e| num(e, "dur")).sum();
             let wall = num(step, "dur");
             assert!(sum as f64 >= 0.9 * wall as f64, "rank {rank} step {n}: phases {sum} us of {wall} us");

@@ -27,6 +27,8 @@ pub(crate) struct BackendPlacement<B: AutodiffBackend> {
     reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
     device: B::Device,
     pending: Option<Vec<Tensor<B::InnerBackend, 1>>>,
+    /// Whether `pending` is averaged across ranks already.
+    reduced: bool,
 }
 
 impl<B: AutodiffBackend> BackendPlacement<B> {
@@ -35,7 +37,7 @@ impl<B: AutodiffBackend> BackendPlacement<B> {
         reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
         device: &B::Device,
     ) -> Self {
-        BackendPlacement { optim, reducer, device: device.clone(), pending: None }
+        BackendPlacement { optim, reducer, device: device.clone(), pending: None, reduced: false }
     }
 }
 
@@ -61,7 +63,38 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
     }
 
     fn discard_gradients(&mut self) {
-        self.pending = None;
+        (self.pending, self.reduced) = (None, false);
+    }
+
+    fn overlappable(&self) -> bool {
+        self.reducer.host_staging().is_some()
+    }
+
+    fn take_pending_host(&mut self) -> Result<Option<Vec<Vec<f32>>>, TrainError> {
+        let Some(pending) = self.pending.take() else { return Ok(None) };
+        let host = pending
+            .into_iter()
+            .enumerate()
+            .map(|(index, grad)| crate::flat::to_f32(grad.into_data(), index))
+            .collect::<Result<_, _>>()?;
+        Ok(Some(host))
+    }
+
+    fn set_reduced(&mut self, grads: Vec<Vec<f32>>) -> Result<(), TrainError> {
+        let device = &self.device;
+        let tensors = grads
+            .into_iter()
+            .map(|g| {
+                let n = g.len();
+                Tensor::<B::InnerBackend, 1>::from_data(burn::tensor::TensorData::new(g, [n]), device)
+            })
+            .collect();
+        (self.pending, self.reduced) = (Some(tensors), true);
+        Ok(())
+    }
+
+    fn is_reduced(&self) -> bool {
+        self.reduced
     }
 
     fn local_gradient(&self, index: usize) -> Option<Result<Vec<f32>, TrainError>> {
@@ -78,7 +111,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
         let Some(mut tensors) = self.pending.take() else {
             return (model, Err(TrainError::Options("apply needs a backward pass first".into())));
         };
+        let averaged = std::mem::take(&mut self.reduced);
         let reduced = phase(u.timeline, "gradient all-reduce", &mut times.all_reduce, || {
+            if averaged {
+                return Ok(());
+            }
             all_reduce_buckets(self.reducer.as_ref(), u.comm, &mut tensors, u.fusion)
         });
         if let Err(e) = reduced {
@@ -109,7 +146,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
 
     fn restore(&mut self, _params: FlatParams, optim: FlatAdamW) {
         self.optim.load_flat(&optim, &self.device);
-        self.pending = None;
+        (self.pending, self.reduced) = (None, false);
     }
 
     fn set_bucket_all_reduce(

@@ -26,11 +26,13 @@ pub(crate) struct HostPlacement<B: AutodiffBackend> {
     optim: FlatAdamW,
     device: B::Device,
     pending: Option<Vec<Vec<f32>>>,
+    /// Whether `pending` is averaged across ranks already.
+    reduced: bool,
 }
 
 impl<B: AutodiffBackend> HostPlacement<B> {
     pub(crate) fn new(params: FlatParams, optim: FlatAdamW, device: &B::Device) -> Self {
-        HostPlacement { params, optim, device: device.clone(), pending: None }
+        HostPlacement { params, optim, device: device.clone(), pending: None, reduced: false }
     }
 }
 
@@ -50,7 +52,24 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for HostPlace
     }
 
     fn discard_gradients(&mut self) {
-        self.pending = None;
+        (self.pending, self.reduced) = (None, false);
+    }
+
+    fn overlappable(&self) -> bool {
+        true
+    }
+
+    fn take_pending_host(&mut self) -> Result<Option<Vec<Vec<f32>>>, TrainError> {
+        Ok(self.pending.take())
+    }
+
+    fn set_reduced(&mut self, grads: Vec<Vec<f32>>) -> Result<(), TrainError> {
+        (self.pending, self.reduced) = (Some(grads), true);
+        Ok(())
+    }
+
+    fn is_reduced(&self) -> bool {
+        self.reduced
     }
 
     fn local_gradient(&self, index: usize) -> Option<Result<Vec<f32>, TrainError>> {
@@ -66,7 +85,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for HostPlace
         let Some(mut flat) = self.pending.take() else {
             return (model, Err(TrainError::Options("apply needs a backward pass first".into())));
         };
+        let averaged = std::mem::take(&mut self.reduced);
         let reduced = phase(u.timeline, "gradient all-reduce", &mut times.all_reduce, || {
+            if averaged {
+                return Ok(());
+            }
             let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
             all_reduce_fused(u.comm, "gradients", &mut refs, ReduceOptions::average(), u.fusion)
         });
@@ -92,7 +115,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for HostPlace
     }
 
     fn restore(&mut self, params: FlatParams, optim: FlatAdamW) {
-        (self.params, self.optim, self.pending) = (params, optim, None);
+        (self.params, self.optim, self.pending, self.reduced) = (params, optim, None, false);
     }
 
     fn set_bucket_all_reduce(

@@ -68,6 +68,22 @@ pub(crate) trait PlacementStep<B: AutodiffBackend, M: AutodiffModule<B>> {
         times: &mut PhaseTimes,
     ) -> (M, Result<f64, TrainError>);
 
+    /// Whether an overlapped pass can hand this placement its gradients
+    /// (averaged on the host): the host placement, and the backend one with
+    /// host staging.
+    fn overlappable(&self) -> bool;
+
+    /// Takes the gradients pending from the step's earlier passes as host
+    /// buffers (module order), for an overlapped last pass to add to.
+    fn take_pending_host(&mut self) -> Result<Option<Vec<Vec<f32>>>, TrainError>;
+
+    /// Takes gradients already summed and averaged across ranks (by an
+    /// overlapped pass): the next update skips its all-reduce.
+    fn set_reduced(&mut self, grads: Vec<Vec<f32>>) -> Result<(), TrainError>;
+
+    /// Whether the pending gradients are averaged already.
+    fn is_reduced(&self) -> bool;
+
     /// Optimizer steps applied so far.
     fn steps(&self) -> u64;
 

@@ -57,6 +57,11 @@ pub struct ReplicaOptions {
     pub placement: Placement,
     /// The rank whose parameters every rank starts from.
     pub root: usize,
+    /// All-reduce each bucket of gradients while backward goes on (see
+    /// [`crate::overlap`]), where it can work: more than one rank, burn's
+    /// `Autodiff` backend, host reduction. The same parameters bit for bit
+    /// as without it.
+    pub overlap: bool,
 }
 
 impl Default for ReplicaOptions {
@@ -74,6 +79,7 @@ impl Default for ReplicaOptions {
             fusion: FusionOptions::default(),
             placement: Placement::Host,
             root: 0,
+            overlap: true,
         }
     }
 }

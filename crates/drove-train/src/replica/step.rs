@@ -8,13 +8,16 @@ use std::time::Instant;
 
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
 use drove_collective::{Buffer, Element, Gathered, ReduceOptions};
 
-use super::{LossReduction, Micro, Replica, Rows, StepOutcome, split_rows};
+use super::overlapped::Weigh;
+use super::{Micro, Replica, Rows, StepOutcome, split_rows};
 use crate::TrainError;
 use crate::micro::fresh_leaves;
+use crate::overlap::PassKind;
+use crate::overlap::graph::Probes;
 use crate::phase::PhaseTimes;
 use crate::placement::UpdateSettings;
 use crate::timeline::Track;
@@ -62,43 +65,75 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         if rows == 0 {
             return Err(TrainError::Options("a step needs a batch of at least one row".into()));
         }
+        let last = self.passes + 1 == self.options.backward_passes_per_step;
+        let kind = self.overlap.kind(self.overlap_wanted(), last);
+        // A last pass that measures goes through the engine too (without
+        // hooks), so that every rank issues the same collectives in the same
+        // order whether it has measured yet or not (a member joining an
+        // elastic run measures when the others overlap already).
+        if kind == PassKind::Overlapped || (kind == PassKind::Measure && last) {
+            let total = self.backward_overlapped(batch, &loss, kind == PassKind::Measure)?;
+            self.passes += 1;
+            self.local_loss += total;
+            self.compute += started.elapsed();
+            return Ok(self.local_loss);
+        }
+        let measure = kind == PassKind::Measure;
         let model = self.model();
-        let passes = self.options.backward_passes_per_step as f64;
-        let reduction = self.options.loss;
         let jobs: Vec<_> = split_rows(rows, self.micro.count())
             .into_iter()
             .map(|range| (range, fresh_leaves(model.clone())))
             .collect();
+        let measured = std::sync::Mutex::new(Vec::new());
+        let weigh = self.weigh(rows);
         let timeline = self.timeline;
         let pass = |index: usize, range: Range<usize>, model: &M| {
-            let weight = match reduction {
-                LossReduction::Mean => range.len() as f64 / rows as f64 / passes,
-                LossReduction::Sum => 1.0,
-            };
-            let micro = Micro { batch, rows: range, index, weight };
-            let forward = Instant::now();
-            let mut value = loss(model, &micro);
-            if reduction == LossReduction::Mean {
-                value = value.mul_scalar(weight);
-            }
-            let scalar = f64::from(value.clone().into_scalar().elem::<f32>());
-            timeline.record("forward", "micro", Track::Micro(index), forward);
+            let (scalar, value) = weigh.forward(batch, &loss, index, range, model, timeline);
             let backward = Instant::now();
-            let grads = GradientsParams::from_grads(value.backward(), model);
+            let probes = measure.then(|| Probes::new(model));
+            let root = match &probes {
+                Some(probes) => probes.root(value),
+                None => value,
+            };
+            let grads = GradientsParams::from_grads(root.backward(), model);
+            if let Some(probes) = probes {
+                measured.lock().unwrap_or_else(|e| e.into_inner()).push((index, probes.seen()));
+            }
             timeline.record("backward", "micro", Track::Micro(index), backward);
             (scalar, grads)
         };
         let total = self.placement.backward(&self.micro, jobs, &pass)?;
+        if measure {
+            let mut measured = measured.into_inner().unwrap_or_else(|e| e.into_inner());
+            measured.sort_by_key(|(index, _)| *index);
+            self.overlap.learn(measured.into_iter().map(|(_, levels)| levels).collect(), &self.device);
+        }
         self.passes += 1;
         self.local_loss += total;
         self.compute += started.elapsed();
         Ok(self.local_loss)
     }
 
+    /// How a micro-batch's loss is weighed in a step of `rows` rows.
+    pub(super) fn weigh(&self, rows: usize) -> Weigh {
+        Weigh { rows, passes: self.options.backward_passes_per_step as f64, reduction: self.options.loss }
+    }
+
     /// This rank's accumulated gradient of parameter `index` (module order),
     /// before the all-reduce: for diagnostics such as the gradient cosine
     /// between ranks.
     pub fn local_gradient(&self, index: usize) -> Result<Vec<f32>, TrainError> {
+        if let Some((kept, values)) = &self.overlap.local {
+            if *kept == index {
+                return Ok(values.clone());
+            }
+        }
+        if self.placement.is_reduced() {
+            return Err(TrainError::Options(format!(
+                "no local gradient {index}: the overlapped pass averaged it during backward; call \
+                 keep_local_gradient({index}) before the pass"
+            )));
+        }
         let missing =
             || TrainError::Options(format!("no gradient {index}: no backward pass since the last update"));
         self.placement.local_gradient(index).ok_or_else(missing)?
@@ -113,7 +148,13 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         }
         let (comm, fusion, clip) = (self.comm, self.options.fusion, self.options.clip_norm);
         let lr = self.next_lr();
-        let mut times = PhaseTimes { compute: std::mem::take(&mut self.compute), ..PhaseTimes::default() };
+        let mut times = PhaseTimes {
+            compute: std::mem::take(&mut self.compute),
+            all_reduce: std::mem::take(&mut self.exposed),
+            communication: std::mem::take(&mut self.communication),
+            ..PhaseTimes::default()
+        };
+        self.overlap.local = None;
         let local_loss = std::mem::take(&mut self.local_loss);
         let passes = std::mem::take(&mut self.passes);
         let step = self.steps() + 1;
@@ -122,6 +163,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let global_loss = match self.global_loss(local_loss) {
             Ok(loss) if loss.is_finite() => loss,
             other => {
+                self.overlap.local = None;
                 self.placement.discard_gradients();
                 let loss = other?;
                 return Err(self.non_finite(step, "loss", loss, local_loss));
