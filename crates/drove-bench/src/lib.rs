@@ -5,7 +5,8 @@
 //! [`allreduce::run`] (all-reduce and broadcast across N local rank
 //! processes), [`coordinator::run`] (a coordinator's rendezvous, metric
 //! ingest and blob services), [`train::run`] (training throughput at one
-//! rank) and, with feature `nccl`, `nccl::run` and `nccl::in_place` (NCCL
+//! rank), [`scaling::run`] (one rank of a training run across ranks, its
+//! steps split into compute and exposed communication) and, with feature `nccl`, `nccl::run` and `nccl::in_place` (NCCL
 //! bandwidth on a GPU, and the in-place check of training's gradient path).
 //! `drove bench ...` is a thin call of them that prints the report.
 //!
@@ -49,6 +50,7 @@ mod machine;
 pub mod mask;
 mod measure;
 pub mod nccl;
+pub mod scaling;
 mod size;
 pub mod train;
 

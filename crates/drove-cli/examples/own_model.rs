@@ -70,6 +70,9 @@ struct Args {
     /// host or backend.
     #[arg(long, default_value = "host")]
     placement: Placement,
+    /// All-reduce after backward instead of overlapping it with backward.
+    #[arg(long)]
+    no_overlap: bool,
     /// Write the final checkpoint under this folder.
     #[arg(long)]
     save: Option<PathBuf>,
@@ -130,6 +133,7 @@ fn train(args: &Args, launched: &Launched) -> anyhow::Result<()> {
         lr: args.lr,
         backward_passes_per_step: args.passes,
         placement: args.placement,
+        overlap: !args.no_overlap,
         ..ReplicaOptions::default()
     };
     // Starts every rank from rank 0's parameters.
@@ -183,6 +187,8 @@ fn train(args: &Args, launched: &Launched) -> anyhow::Result<()> {
     }
     if rank == 0 {
         println!("final loss {loss:.5} after {} steps on {world} rank(s)", args.steps);
+        let (overlapped, hooked) = replica.overlapping();
+        println!("all-reduce overlapped with backward: {overlapped} ({hooked} parameters hooked)");
     }
     if let Some(dir) = &args.save {
         replica.save(dir, &LoopState { steps: total }, &[], 1)?;

@@ -10,6 +10,7 @@ use drove_bench::allreduce::{AllreduceOptions, WorkerCommand, WorkerOptions};
 use drove_bench::coordinator::CoordinatorOptions;
 use drove_bench::mask::MaskOptions;
 use drove_bench::nccl::NcclOptions;
+use drove_bench::scaling::ScalingOptions;
 use drove_bench::train::{Cpu, TrainOptions, Trainer};
 use drove_ner::DeviceChoice;
 use serde::Serialize;
@@ -52,6 +53,16 @@ pub struct TrainArgs {
     /// The device: cpu, cuda, cuda:N, wgpu, wgpu:N or help (see `drove train ner --device`).
     #[arg(long, default_value = "cpu")]
     device: DeviceChoice,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Settings of `drove bench scaling`.
+#[derive(Debug, Args)]
+pub struct ScalingArgs {
+    #[command(flatten)]
+    options: ScalingOptions,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -132,6 +143,31 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<()> {
     };
     let report = drove_bench::train::run(&args.options, trainer)?;
     print(&report, args.json, || serde_json::to_string_pretty(&report).expect("json") + "\n")
+}
+
+/// `drove bench scaling`: one rank of a training run at the world size of
+/// the launcher it runs under (1 alone); rank 0 prints the report.
+pub fn scaling(args: &ScalingArgs) -> anyhow::Result<()> {
+    let launched = drove_launch::Launched::join()?;
+    let rank = launched.rank();
+    let result = drove_bench::scaling::run(&args.options, launched.comm());
+    let error = result.as_ref().err().map(|e| e.to_string());
+    let outcome = match (&result, &error) {
+        (Ok(report), _) => drove_launch::RankOutcome::Finished { steps: report.steps_timed as u64 },
+        (Err(_), error) => {
+            drove_launch::RankOutcome::Failed { steps: 0, error: error.as_deref().unwrap_or("") }
+        }
+    };
+    if let Some(delivery) = launched.finish(outcome)
+        && delivery.undelivered() > 0
+    {
+        tracing::warn!("rank {rank}: {delivery}");
+    }
+    let report = result?;
+    if rank == 0 {
+        print(&report, args.json, || serde_json::to_string_pretty(&report).expect("json") + "\n")?;
+    }
+    Ok(())
 }
 
 /// `drove bench nccl`: at the world size of the launcher it runs under (1

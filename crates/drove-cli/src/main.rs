@@ -129,6 +129,10 @@ enum BenchCommand {
     Coordinator(bench::CoordinatorArgs),
     /// Training throughput (sentences/s, tokens/s) and peak memory at 1 rank.
     Train(bench::TrainArgs),
+    /// One rank of a training run across the ranks it was launched with
+    /// (`drove run --np N`, or bench/scaling.sh's namespaces): each step's
+    /// compute, exposed communication and optimizer time.
+    Scaling(bench::ScalingArgs),
     /// NCCL all-reduce bandwidth beside a device-to-device copy, at the world
     /// size of the launcher it runs under (`drove run --np 2`: two ranks,
     /// on one GPU with --gpu 0 where NCCL allows it); --buckets checks the
@@ -171,6 +175,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench { what: BenchCommand::AllreduceWorker(args) } => done(bench::allreduce_worker(&args)),
         Command::Bench { what: BenchCommand::Coordinator(args) } => done(bench::coordinator(&args)),
         Command::Bench { what: BenchCommand::Train(args) } => done(bench::train(&args)),
+        Command::Bench { what: BenchCommand::Scaling(args) } => done(bench::scaling(&args)),
         Command::Bench { what: BenchCommand::Nccl(args) } => bench::nccl(&args),
         Command::Weights(args) => done(weights::weights(&args)),
         Command::Seed(args) => done(seed::run(&args)),

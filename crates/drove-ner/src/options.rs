@@ -168,6 +168,13 @@ pub struct NerOptions {
         )
     )]
     pub no_overlap: bool,
+    /// Largest bucket of gradients one all-reduce carries, in MiB (Horovod's
+    /// fusion threshold): smaller buckets start sooner during backward,
+    /// larger ones pay less per message.
+    #[serde(default = "default_bucket_mib")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "MiB", default_value_t = default_bucket_mib(),
+        value_parser = |s: &str| flags::at_least(s, 1, "--bucket-mib", " MiB")))]
+    pub bucket_mib: usize,
     /// Where parameters and optimizer state live (host buffers or backend
     /// tensors). No flag here: `drove train ner --placement` defaults to the
     /// device's own.
@@ -284,6 +291,7 @@ impl Default for NerOptions {
             workers: 2,
             micro_batches: 0,
             no_overlap: false,
+            bucket_mib: default_bucket_mib(),
             placement: Placement::Host,
             bucket_window: None,
             pad_multiple: None,
@@ -323,6 +331,10 @@ impl std::str::FromStr for MaskAlarm {
 
 /// Settings no run can go on with (the flags' own parsers refuse them too,
 /// but options may be built in code).
+fn default_bucket_mib() -> usize {
+    drove_collective::fusion::DEFAULT_FUSION_BYTES >> 20
+}
+
 fn default_reform_check() -> usize {
     5
 }
@@ -354,6 +366,10 @@ pub(crate) fn replica_options(opts: &NerOptions, total_steps: u64) -> ReplicaOpt
         loss: LossReduction::Sum,
         placement: opts.placement,
         overlap: !opts.no_overlap,
+        fusion: drove_collective::fusion::FusionOptions {
+            threshold_bytes: opts.bucket_mib << 20,
+            ..Default::default()
+        },
         ..ReplicaOptions::default()
     }
 }

@@ -169,7 +169,9 @@ mod tests {
         };
         let fusion = FusionOptions { threshold_bytes: 20, ..FusionOptions::default() };
         let timeline = Timeline::off();
-        let results: Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>)> = std::thread::scope(|s| {
+        // Per rank: (the fused all-reduce's gradients, the engine's).
+        type Both = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+        let results: Vec<Both> = std::thread::scope(|s| {
             let handles: Vec<_> = world
                 .into_iter()
                 .enumerate()

@@ -203,10 +203,10 @@ impl<I: Backend> Backward<I, 1> for Probe {
             let mut log = ops.state.lock().unwrap_or_else(|e| e.into_inner());
             let log = &mut *log;
             for (leaf, seen) in log.leaves.iter().zip(log.seen.iter_mut()) {
-                if let (Some(leaf), None) = (leaf, &seen) {
-                    if grads.get::<I>(leaf).is_some() {
-                        *seen = Some(level);
-                    }
+                if let (Some(leaf), None) = (leaf, &seen)
+                    && grads.get::<I>(leaf).is_some()
+                {
+                    *seen = Some(level);
                 }
             }
         }

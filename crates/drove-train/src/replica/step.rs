@@ -123,10 +123,10 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
     /// before the all-reduce: for diagnostics such as the gradient cosine
     /// between ranks.
     pub fn local_gradient(&self, index: usize) -> Result<Vec<f32>, TrainError> {
-        if let Some((kept, values)) = &self.overlap.local {
-            if *kept == index {
-                return Ok(values.clone());
-            }
+        if let Some((kept, values)) = &self.overlap.local
+            && *kept == index
+        {
+            return Ok(values.clone());
         }
         if self.placement.is_reduced() {
             return Err(TrainError::Options(format!(

@@ -1,0 +1,205 @@
+//! The scaling suite's rank: drove-ner's fine-tune on the ranks it was
+//! launched with (`drove run`, or the environment `bench/scaling.sh` sets in
+//! each network namespace), timed step by step, with the parts of a step a
+//! scaling study needs: compute (forward and backward), the communication
+//! left exposed after backward, the communication in all, and the optimizer.
+//!
+//! Every batch is padded to one length ([`ScalingOptions::pad_to`]), so that
+//! every step does the same work on every rank and at every world size: a
+//! step's time then changes with the world only through communication and
+//! contention, which is what scaling efficiency is to show. Run once with
+//! overlap and once without on the same link: the second's all-reduce is the
+//! communication measured apart from backward, the bound the first is
+//! judged against.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use burn::backend::{Autodiff, Flex};
+use drove_comm::Collective;
+use drove_ner::{NerOptions, Observer, StepReport, train_ner};
+use drove_train::PhaseTimes;
+use serde::Serialize;
+
+use crate::BenchError;
+use crate::error::Doing as _;
+
+/// Settings of one scaling run (`drove bench scaling`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct ScalingOptions {
+    /// Folder with the CoNLL-2003 files.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR", default_value = "assets/conll2003"))]
+    pub data: PathBuf,
+    /// Folder with the model.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DIR", default_value = "assets/minilm"))]
+    pub model: PathBuf,
+    /// Sentences per rank and step (the global batch grows with the ranks,
+    /// as in weak scaling).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 8))]
+    pub batch_size: usize,
+    /// Steps timed, after --warmup-steps untimed ones.
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 10))]
+    pub steps: u64,
+    /// Untimed steps first (the first overlapped pass measures where each
+    /// gradient is finished and does not overlap).
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = 2))]
+    pub warmup_steps: u64,
+    /// Pad every batch to this many tokens (the longest sentence is cut to
+    /// it), so that every step does the same work.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "TOKENS", default_value_t = 128))]
+    pub pad_to: usize,
+    /// All-reduce after the whole backward pass instead of overlapping it.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub no_overlap: bool,
+    /// Largest gradient bucket, in MiB.
+    #[cfg_attr(feature = "clap", arg(long, value_name = "MiB", default_value_t = 64))]
+    pub bucket_mib: usize,
+    /// Start from random weights of the model's shape (config.json only).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub random_init: bool,
+}
+
+impl Default for ScalingOptions {
+    fn default() -> Self {
+        ScalingOptions {
+            data: "assets/conll2003".into(),
+            model: "assets/minilm".into(),
+            batch_size: 8,
+            steps: 10,
+            warmup_steps: 2,
+            pad_to: 128,
+            no_overlap: false,
+            bucket_mib: 64,
+            random_init: false,
+        }
+    }
+}
+
+/// Mean seconds per timed step of each part (keys in the order of their names).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StepParts {
+    /// Optimizer: the global norm and clipping, and the update.
+    pub optimizer: f64,
+    /// The engine's all-reduce time in all, most of it during backward (0
+    /// without overlap: then it is all exposed).
+    pub communication: f64,
+    /// Forward and backward passes.
+    pub compute: f64,
+    /// The all-reduce left after backward ended: what the step waited for.
+    pub exposed_communication: f64,
+    /// The wall time between two steps' ends, batch preparation included.
+    pub step: f64,
+}
+
+/// What one scaling run reports (rank 0's view; every rank waits for the
+/// same all-reduces, so the step times agree across ranks).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScalingReport {
+    /// Sentences per rank and step.
+    pub batch_size: usize,
+    /// `scaling`.
+    pub benchmark: &'static str,
+    /// Largest gradient bucket, MiB.
+    pub bucket_mib: usize,
+    /// Whether the all-reduce overlapped backward (asked for and possible:
+    /// never at one rank).
+    pub overlap: bool,
+    /// Tokens every row is padded to.
+    pub pad_to: usize,
+    /// Mean seconds per timed step of each part.
+    pub parts: StepParts,
+    /// The same parts, step by step (timed steps only).
+    pub per_step: Vec<StepParts>,
+    /// Sentences per second across every rank: the global batch over the
+    /// mean step.
+    pub sentences_per_s: f64,
+    /// Steps timed.
+    pub steps_timed: usize,
+    /// rayon's threads (`RAYON_NUM_THREADS`, else the CPUs).
+    pub threads: usize,
+    /// Ranks.
+    pub world_size: usize,
+}
+
+/// Records each step's parts as it ends.
+struct Steps {
+    last: Instant,
+    parts: Vec<StepParts>,
+}
+
+impl Observer for Steps {
+    fn step(&mut self, r: &StepReport) {
+        let now = Instant::now();
+        let wall = now.duration_since(self.last);
+        self.last = now;
+        self.parts.push(parts(&r.phases, wall));
+    }
+}
+
+fn parts(p: &PhaseTimes, wall: Duration) -> StepParts {
+    StepParts {
+        optimizer: (p.clip + p.update).as_secs_f64(),
+        communication: p.communication.as_secs_f64(),
+        compute: p.compute.as_secs_f64(),
+        exposed_communication: p.all_reduce.as_secs_f64(),
+        step: wall.as_secs_f64(),
+    }
+}
+
+fn mean(steps: &[StepParts], f: fn(&StepParts) -> f64) -> f64 {
+    steps.iter().map(f).sum::<f64>() / steps.len().max(1) as f64
+}
+
+/// Trains `o.warmup_steps + o.steps` steps on `comm`'s ranks (on the CPU,
+/// without evaluation, output in a scratch folder) and reports the timed
+/// ones. Every rank returns the report; a caller prints rank 0's.
+pub fn run(o: &ScalingOptions, comm: &dyn Collective) -> Result<ScalingReport, BenchError> {
+    let out = tempfile::tempdir().doing("creating a scratch folder")?;
+    let opts = NerOptions {
+        data: o.data.clone(),
+        model: o.model.clone(),
+        out: out.path().to_path_buf(),
+        // Enough epochs for the steps, whatever the batch; --max-steps stops it.
+        epochs: (o.warmup_steps + o.steps).max(1) as usize,
+        batch_size: o.batch_size,
+        max_len: o.pad_to,
+        pad_multiple: Some(o.pad_to),
+        eval_sets: Vec::new(),
+        bucket_window: Some(0),
+        micro_batches: 1,
+        no_overlap: o.no_overlap,
+        bucket_mib: o.bucket_mib,
+        max_steps: Some(o.warmup_steps + o.steps),
+        random_init: o.random_init,
+        ..NerOptions::default()
+    };
+    let mut steps = Steps { last: Instant::now(), parts: Vec::new() };
+    train_ner::<Autodiff<Flex>>(&opts, comm, &mut steps, &Default::default()).map_err(BenchError::Ner)?;
+    let skip = (o.warmup_steps as usize).min(steps.parts.len());
+    let timed = steps.parts[skip..].to_vec();
+    let world = comm.world_size();
+    let parts = StepParts {
+        optimizer: mean(&timed, |p| p.optimizer),
+        communication: mean(&timed, |p| p.communication),
+        compute: mean(&timed, |p| p.compute),
+        exposed_communication: mean(&timed, |p| p.exposed_communication),
+        step: mean(&timed, |p| p.step),
+    };
+    Ok(ScalingReport {
+        batch_size: o.batch_size,
+        benchmark: "scaling",
+        bucket_mib: o.bucket_mib,
+        overlap: timed.iter().any(|p| p.communication > 0.0),
+        pad_to: o.pad_to,
+        sentences_per_s: if parts.step > 0.0 { (o.batch_size * world) as f64 / parts.step } else { 0.0 },
+        parts,
+        steps_timed: timed.len(),
+        per_step: timed,
+        threads: std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|t| t.parse::<usize>().ok())
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        world_size: world,
+    })
+}
