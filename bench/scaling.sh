@@ -30,9 +30,9 @@
 #
 # Env: RATES (default "1gbit 4gbit"), NPS (default "2 4"), BATCH (sentences per
 # rank, default 8), STEPS (timed, default 8), WARMUP (default 2), BUCKET_MIB
-# (drove's bucket, default 64), THREADS (per rank, default 1), DROVE_BIN (a
+# (drove's --bucket-mib; default drove's own, 4), THREADS (per rank, default 1), DROVE_BIN (a
 # prebuilt drove; default: cargo build --release --locked -p drove-cli).
-# Takes about 20 minutes on 2 cores.
+# Takes about 9 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root="$PWD"
@@ -41,7 +41,6 @@ nps="${NPS:-2 4}"
 batch="${BATCH:-8}"
 steps="${STEPS:-8}"
 warmup="${WARMUP:-2}"
-bucket_mib="${BUCKET_MIB:-64}"
 threads="${THREADS:-1}"
 cmd="bash bench/scaling.sh"
 for v in RATES NPS BATCH STEPS WARMUP BUCKET_MIB THREADS DROVE_BIN; do
@@ -158,12 +157,13 @@ run_ranks() {
         else
             local flags=()
             [ "$impl" = drove-no-overlap ] && flags+=(--no-overlap)
+            [ -n "${BUCKET_MIB:-}" ] && flags+=(--bucket-mib "$BUCKET_MIB")
             timeout "$limit" ip netns exec "${tag}n$space" env \
                 DROVE_COORDINATOR="http://$coord_addr" DROVE_RUN_ID="dvs-$$-$run_no" \
                 DROVE_WORLD_SIZE="$n" DROVE_RANK="$r" DROVE_COMM_TRANSPORT=tcp \
                 RAYON_NUM_THREADS="$threads" RUST_LOG=warn \
                 "$drove" bench scaling --json --batch-size "$batch" --steps "$steps" \
-                --warmup-steps "$warmup" --bucket-mib "$bucket_mib" "${flags[@]}" \
+                --warmup-steps "$warmup" "${flags[@]}" \
                 >"$work/$impl.$r.out" 2>"$work/$impl.$r.err" &
         fi
         ranks+=($!)

@@ -52,8 +52,8 @@ pub struct ScalingOptions {
     /// All-reduce after the whole backward pass instead of overlapping it.
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_overlap: bool,
-    /// Largest gradient bucket, in MiB.
-    #[cfg_attr(feature = "clap", arg(long, value_name = "MiB", default_value_t = 64))]
+    /// Largest gradient bucket, in MiB (`drove train ner --bucket-mib`'s default).
+    #[cfg_attr(feature = "clap", arg(long, value_name = "MiB", default_value_t = drove_comm::fusion::DEFAULT_FUSION_BYTES >> 20))]
     pub bucket_mib: usize,
     /// Start from random weights of the model's shape (config.json only).
     #[cfg_attr(feature = "clap", arg(long))]
@@ -70,7 +70,7 @@ impl Default for ScalingOptions {
             warmup_steps: 2,
             pad_to: 128,
             no_overlap: false,
-            bucket_mib: 64,
+            bucket_mib: drove_comm::fusion::DEFAULT_FUSION_BYTES >> 20,
             random_init: false,
         }
     }
@@ -202,4 +202,76 @@ pub fn run(o: &ScalingOptions, comm: &dyn Collective) -> Result<ScalingReport, B
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         world_size: world,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use drove_collective::LocalWorld;
+
+    use super::*;
+
+    /// A small CoNLL training set, a vocabulary and a tiny BERT config (random weights).
+    fn write_tiny(data: &Path, model: &Path) {
+        let words = ["john", "lives", "in", "paris", "mary", "visits", "london"];
+        let mut train = String::from("-DOCSTART- -X- -X- O\n\n");
+        for i in 0..24 {
+            let (a, b) = if i % 2 == 0 { ("john", "paris") } else { ("mary", "london") };
+            train += &format!("{a} NNP B-NP B-PER\nlives VBZ B-VP O\nin IN B-PP O\n{b} NNP B-NP B-LOC\n\n");
+        }
+        std::fs::write(data.join("train.txt"), train).unwrap();
+        let vocab: Vec<&str> =
+            ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"].iter().chain(&words).copied().collect();
+        std::fs::write(model.join("vocab.txt"), vocab.join("\n") + "\n").unwrap();
+        let config = serde_json::json!({
+            "vocab_size": vocab.len(), "hidden_size": 32, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "intermediate_size": 64, "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1,
+            "max_position_embeddings": 64, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+        });
+        std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    }
+
+    /// Two ranks on threads: the report's parts as the step says, with and
+    /// without overlap.
+    #[test]
+    fn two_ranks_report_their_steps_parts_with_and_without_overlap() {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, model) = (dir.path().join("data"), dir.path().join("model"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&model).unwrap();
+        write_tiny(&data, &model);
+        for no_overlap in [false, true] {
+            let o = ScalingOptions {
+                data: data.clone(),
+                model: model.clone(),
+                batch_size: 4,
+                steps: 3,
+                warmup_steps: 2,
+                pad_to: 16,
+                no_overlap,
+                random_init: true,
+                ..ScalingOptions::default()
+            };
+            let reports: Vec<ScalingReport> = std::thread::scope(|s| {
+                let ranks: Vec<_> =
+                    LocalWorld::new(2).unwrap().into_iter().map(|comm| s.spawn(|| run(&o, &comm))).collect();
+                ranks.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+            });
+            for r in &reports {
+                assert_eq!((r.world_size, r.steps_timed, r.per_step.len()), (2, 3, 3));
+                assert_eq!(r.overlap, !no_overlap, "{r:?}");
+                assert!(r.parts.compute > 0.0 && r.parts.step >= r.parts.compute, "{r:?}");
+                assert_eq!(r.parts.communication > 0.0, !no_overlap, "{r:?}");
+                assert!((r.sentences_per_s - 8.0 / r.parts.step).abs() < 1e-9, "{r:?}");
+            }
+        }
+    }
+
+    #[cfg(feature = "clap")]
+    #[test]
+    fn no_flags_are_the_default_options() {
+        assert_eq!(crate::flags::parsed_from_no_flags::<ScalingOptions>(), ScalingOptions::default());
+    }
 }

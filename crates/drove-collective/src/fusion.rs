@@ -8,8 +8,14 @@ use crate::dtype::{Buffer, DType};
 use crate::error::CommError;
 use crate::op::ReduceOptions;
 
-/// Default bucket size (Horovod's fusion threshold).
-pub const DEFAULT_FUSION_BYTES: usize = 64 << 20;
+/// Default bucket size: 4 MiB, small enough that an overlapped step's
+/// buckets start while backward goes on (MiniLM's 91 MB of gradients make 23,
+/// the word embedding alone in one), large enough that a message's fixed cost
+/// is small beside its bytes. Horovod fuses up to 64 MiB of the tensors ready
+/// in a cycle; PyTorch DDP fills 25 MB buckets in the order gradients became
+/// ready; a bucket here is a fixed run of parameters, the same on every rank
+/// and in every step, so that it can start the moment its last gradient is in.
+pub const DEFAULT_FUSION_BYTES: usize = 4 << 20;
 
 /// What travels on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -38,14 +44,19 @@ impl Default for FusionOptions {
     }
 }
 
-/// Groups tensor indices into buckets of at most `threshold` bytes, in order; a
-/// tensor larger than the threshold gets a bucket of its own.
+/// Groups tensor indices into buckets of at most `threshold` bytes; a tensor
+/// larger than the threshold gets a bucket of its own. Each bucket is a run of
+/// consecutive tensors, listed in order, filled from the last tensor back (as
+/// PyTorch DDP fills its buckets): backward finishes a model's last
+/// parameters first, so the full buckets are the ones it finishes first, and
+/// the partial one holds the first parameters, which it finishes last.
 pub fn buckets(sizes_bytes: &[usize], threshold: usize) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut current = Vec::new();
     let mut bytes = 0;
-    for (i, &size) in sizes_bytes.iter().enumerate() {
+    for (i, &size) in sizes_bytes.iter().enumerate().rev() {
         if !current.is_empty() && (threshold == 0 || bytes + size > threshold) {
+            current.reverse();
             out.push(std::mem::take(&mut current));
             bytes = 0;
         }
@@ -53,8 +64,10 @@ pub fn buckets(sizes_bytes: &[usize], threshold: usize) -> Vec<Vec<usize>> {
         bytes += size;
     }
     if !current.is_empty() {
+        current.reverse();
         out.push(current);
     }
+    out.reverse();
     out
 }
 
@@ -139,7 +152,8 @@ mod tests {
 
     #[test]
     fn buckets_respect_the_threshold_and_order() {
-        assert_eq!(buckets(&[10, 10, 10, 50, 5], 25), vec![vec![0, 1], vec![2], vec![3], vec![4]]);
+        assert_eq!(buckets(&[10, 10, 10, 50, 5], 25), vec![vec![0], vec![1, 2], vec![3], vec![4]]);
+        assert_eq!(buckets(&[5, 10, 10, 10], 20), vec![vec![0, 1], vec![2, 3]]);
         assert_eq!(buckets(&[10, 10], 0), vec![vec![0], vec![1]]);
         assert_eq!(buckets(&[10, 10, 10], 1 << 20), vec![vec![0, 1, 2]]);
         assert!(buckets(&[], 10).is_empty());

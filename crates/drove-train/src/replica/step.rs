@@ -72,10 +72,12 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         // order whether it has measured yet or not (a member joining an
         // elastic run measures when the others overlap already).
         if kind == PassKind::Overlapped || (kind == PassKind::Measure && last) {
+            let exposed_before = self.exposed;
             let total = self.backward_overlapped(batch, &loss, kind == PassKind::Measure)?;
             self.passes += 1;
             self.local_loss += total;
-            self.compute += started.elapsed();
+            // The wait for the engine after backward is the exposed all-reduce, not compute.
+            self.compute += started.elapsed().saturating_sub(self.exposed - exposed_before);
             return Ok(self.local_loss);
         }
         let measure = kind == PassKind::Measure;
