@@ -254,9 +254,13 @@ mod tests {
                 random_init: true,
                 ..ScalingOptions::default()
             };
+            let o = &o;
             let reports: Vec<ScalingReport> = std::thread::scope(|s| {
-                let ranks: Vec<_> =
-                    LocalWorld::new(2).unwrap().into_iter().map(|comm| s.spawn(|| run(&o, &comm))).collect();
+                let ranks: Vec<_> = LocalWorld::new(2)
+                    .unwrap()
+                    .into_iter()
+                    .map(|comm| s.spawn(move || run(o, &comm)))
+                    .collect();
                 ranks.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
             });
             for r in &reports {

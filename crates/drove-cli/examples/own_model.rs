@@ -33,13 +33,19 @@ const FEATURES: usize = 8;
 #[derive(Module, Debug)]
 struct Mlp<B: Backend> {
     hidden: Linear<B>,
+    /// Hidden layers after the first (`--depth` - 1).
+    deeper: Vec<Linear<B>>,
     relu: Relu,
     out: Linear<B>,
 }
 
 impl<B: Backend> Mlp<B> {
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.out.forward(self.relu.forward(self.hidden.forward(x)))
+        let x = self
+            .deeper
+            .iter()
+            .fold(self.relu.forward(self.hidden.forward(x)), |x, layer| self.relu.forward(layer.forward(x)));
+        self.out.forward(x)
     }
 }
 
@@ -70,6 +76,9 @@ struct Args {
     /// host or backend.
     #[arg(long, default_value = "host")]
     placement: Placement,
+    /// Hidden layers.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    depth: u32,
     /// All-reduce after backward instead of overlapping it with backward.
     #[arg(long)]
     no_overlap: bool,
@@ -126,6 +135,7 @@ fn train(args: &Args, launched: &Launched) -> anyhow::Result<()> {
     B::seed(&device, StreamKey::init(42).derive().words()[0]); // the same initial weights everywhere
     let model = Mlp::<B> {
         hidden: LinearConfig::new(FEATURES, 32).init(&device),
+        deeper: (1..args.depth).map(|_| LinearConfig::new(32, 32).init(&device)).collect(),
         relu: Relu::new(),
         out: LinearConfig::new(32, 1).init(&device),
     };

@@ -106,7 +106,19 @@ fn overlapping_the_all_reduce_with_backward_changes_no_bit_at_2_and_3_ranks() {
     let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     for (np, passes) in [(2, "1"), (3, "2")] {
         for placement in ["host", "backend"] {
-            let common = ["--steps", "20", "--rows", "5", "--passes", passes, "--placement", placement];
+            // Three hidden layers: deep enough that the last two layers' parameters get hooks.
+            let common = [
+                "--steps",
+                "20",
+                "--rows",
+                "5",
+                "--passes",
+                passes,
+                "--placement",
+                placement,
+                "--depth",
+                "3",
+            ];
             let mut models = Vec::new();
             for (overlap, flag) in [(true, &[][..]), (false, &["--no-overlap"][..])] {
                 let save = path(&format!("{np}-{placement}-{overlap}"));
@@ -114,8 +126,13 @@ fn overlapping_the_all_reduce_with_backward_changes_no_bit_at_2_and_3_ranks() {
                 let out = run(&mut under_run(np, own_model(&args)));
                 let log = text(&out);
                 assert!(out.status.success(), "{log}");
-                let said = if overlap { "true (4 parameters hooked)" } else { "false (0 parameters hooked)" };
-                assert!(log.contains(&format!("all-reduce overlapped with backward: {said}")), "{log}");
+                let hooked: usize = log
+                    .split("all-reduce overlapped with backward: ")
+                    .nth(1)
+                    .and_then(|rest| rest.strip_prefix(if overlap { "true (" } else { "false (" }))
+                    .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+                    .unwrap_or_else(|| panic!("no overlap line saying {overlap}: {log}"));
+                assert_eq!(hooked >= 2, overlap, "{hooked} parameters hooked: {log}");
                 models.push(read_latest(Path::new(&save)));
             }
             let (a, b) = (&models[0], &models[1]);

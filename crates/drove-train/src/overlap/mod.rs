@@ -6,7 +6,7 @@
 //! Three parts: `graph` puts a hook on each parameter in burn's autodiff
 //! graph, at the level that makes it fire right after the layer that uses it
 //! (measured once by probes); `engine` sums and reduces
-//! the buckets; [`Overlap`] is the replica's state between steps, which says
+//! the buckets; `Overlap` is the replica's state between steps, which says
 //! what kind of pass each backward is.
 //!
 //! Which pass overlaps: with `backward_passes_per_step > 1` only the last
