@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Scaling on slow links: MiniLM fine-tuned at 1, 2 and 4 ranks, each rank in its
 # own network namespace behind a veth link limited with `tc ... tbf`, at each of
-# two rates; drove with the all-reduce overlapping backward, drove without, and
-# PyTorch DDP over gloo (its own bucketed overlap, bucket_cap_mb at its default)
+# two rates; drove with the all-reduce overlapping backward (the word embedding
+# sent as the rows the batch touched, the default), drove without overlap, drove
+# overlapped with the embedding dense (--dense-embeddings), and PyTorch DDP over
+# gloo (its own bucketed overlap, bucket_cap_mb at its default, dense embedding)
 # in the same run. Prints one JSON object.
 #
 #   bash bench/scaling.sh > /tmp/scaling.json    # as root, after scripts/fetch-assets.sh
 #
 # Per rate and world size the runs go back to back (drove overlapped, drove
-# not, DDP); the one-rank runs (no link) go first. Every batch is padded to 128
+# not, drove dense, DDP); the one-rank runs (no link) go first. Every batch is padded to 128
 # tokens, so every step does the same work: a step's time changes with the
 # world only through communication and contention. Each run reports the mean
 # over its timed steps of the step and its parts: compute (forward and
@@ -138,7 +140,7 @@ results="$work/results.jsonl"
 : >"$results"
 run_no=0
 
-# One run: `impl` (drove, drove-no-overlap, ddp) on n ranks at `rate`; rank 0's JSON appended.
+# One run: `impl` (drove, drove-no-overlap, drove-dense, ddp) on n ranks at `rate`; rank 0's JSON appended.
 run_ranks() {
     local impl="$1" n="$2" rate="$3" r space rc=0
     local ranks=()
@@ -157,6 +159,7 @@ run_ranks() {
         else
             local flags=()
             [ "$impl" = drove-no-overlap ] && flags+=(--no-overlap)
+            [ "$impl" = drove-dense ] && flags+=(--dense-embeddings)
             [ -n "${BUCKET_MIB:-}" ] && flags+=(--bucket-mib "$BUCKET_MIB")
             timeout "$limit" ip netns exec "${tag}n$space" env \
                 DROVE_COORDINATOR="http://$coord_addr" DROVE_RUN_ID="dvs-$$-$run_no" \
@@ -193,7 +196,7 @@ for impl in drove ddp; do run_ranks "$impl" 1 none; done
 for rate in $rates; do
     shape "$rate"
     for n in $nps; do
-        for impl in drove drove-no-overlap ddp; do run_ranks "$impl" "$n" "$rate"; done
+        for impl in drove drove-no-overlap drove-dense ddp; do run_ranks "$impl" "$n" "$rate"; done
     done
 done
 finished="$(date +%s)"
@@ -210,6 +213,7 @@ table = []
 for rate in dict.fromkeys(r["rate"] for r in rows if r["rate"] != "none"):
     for n in sorted({r["world_size"] for r in rows if r["rate"] == rate}):
         d, dn, t = pick("drove", n, rate), pick("drove-no-overlap", n, rate), pick("ddp", n, rate)
+        dd = pick("drove-dense", n, rate)
         # drove's communication measured apart: the run without overlap's all-reduce.
         comm = dn["parts"]["exposed_communication"]
         bound = max(d["parts"]["compute"], comm) + d["parts"]["optimizer"]
@@ -218,6 +222,7 @@ for rate in dict.fromkeys(r["rate"] for r in rows if r["rate"] != "none"):
             "rate": rate, "ranks": n,
             "drove": {**d["parts"], "sentences_per_s": d["sentences_per_s"], "efficiency": one["drove"] / d["parts"]["step"]},
             "drove_no_overlap": {**dn["parts"], "sentences_per_s": dn["sentences_per_s"], "efficiency": one["drove"] / dn["parts"]["step"]},
+            "drove_dense_embeddings": {**dd["parts"], "sentences_per_s": dd["sentences_per_s"], "efficiency": one["drove"] / dd["parts"]["step"]},
             "ddp": {**t["parts"], "sentences_per_s": t["sentences_per_s"], "efficiency": one["ddp"] / t["parts"]["step"]},
             "drove_communication_apart": comm,
             # The overlapped step over max(compute, communication) + optimizer (target <= 1.15).

@@ -52,6 +52,9 @@ pub struct ScalingOptions {
     /// All-reduce after the whole backward pass instead of overlapping it.
     #[cfg_attr(feature = "clap", arg(long))]
     pub no_overlap: bool,
+    /// All-reduce the word embedding's whole gradient, not its touched rows.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub dense_embeddings: bool,
     /// Largest gradient bucket, in MiB (`drove train ner --bucket-mib`'s default).
     #[cfg_attr(feature = "clap", arg(long, value_name = "MiB", default_value_t = drove_comm::fusion::DEFAULT_FUSION_BYTES >> 20))]
     pub bucket_mib: usize,
@@ -70,6 +73,7 @@ impl Default for ScalingOptions {
             warmup_steps: 2,
             pad_to: 128,
             no_overlap: false,
+            dense_embeddings: false,
             bucket_mib: drove_comm::fusion::DEFAULT_FUSION_BYTES >> 20,
             random_init: false,
         }
@@ -102,6 +106,8 @@ pub struct ScalingReport {
     pub benchmark: &'static str,
     /// Largest gradient bucket, MiB.
     pub bucket_mib: usize,
+    /// Whether the word embedding's gradient went as its touched rows.
+    pub sparse_embeddings: bool,
     /// Whether the all-reduce overlapped backward (asked for and possible:
     /// never at one rank).
     pub overlap: bool,
@@ -169,6 +175,7 @@ pub fn run(o: &ScalingOptions, comm: &dyn Collective) -> Result<ScalingReport, B
         bucket_window: Some(0),
         micro_batches: 1,
         no_overlap: o.no_overlap,
+        dense_embeddings: o.dense_embeddings,
         bucket_mib: o.bucket_mib,
         max_steps: Some(o.warmup_steps + o.steps),
         random_init: o.random_init,
@@ -190,6 +197,7 @@ pub fn run(o: &ScalingOptions, comm: &dyn Collective) -> Result<ScalingReport, B
         batch_size: o.batch_size,
         benchmark: "scaling",
         bucket_mib: o.bucket_mib,
+        sparse_embeddings: !o.dense_embeddings,
         overlap: timed.iter().any(|p| p.communication > 0.0),
         pad_to: o.pad_to,
         sentences_per_s: if parts.step > 0.0 { (o.batch_size * world) as f64 / parts.step } else { 0.0 },

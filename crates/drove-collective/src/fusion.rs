@@ -1,5 +1,8 @@
 //! Gradient helpers: many small tensors fused into buckets before the all-reduce,
-//! and optional half-precision compression on the wire.
+//! optional half-precision compression on the wire, and a [`Plan`] that sends
+//! row-sparse tables (embeddings) as their rows ([`crate::all_reduce_rows`]).
+
+use std::ops::Range;
 
 use half::{bf16, f16};
 
@@ -7,6 +10,7 @@ use crate::collective::Collective;
 use crate::dtype::{Buffer, DType};
 use crate::error::CommError;
 use crate::op::ReduceOptions;
+use crate::rows::all_reduce_rows;
 
 /// Default bucket size: 4 MiB, small enough that an overlapped step's
 /// buckets start while backward goes on (MiniLM's 91 MB of gradients make 23,
@@ -71,6 +75,83 @@ pub fn buckets(sizes_bytes: &[usize], threshold: usize) -> Vec<Vec<usize>> {
     out
 }
 
+/// How one tensor of a step's gradients is all-reduced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// Packed with its neighbours into a bucket.
+    #[default]
+    Dense,
+    /// On its own, as the rows that are not all zero ([`all_reduce_rows`]):
+    /// a table of rows of `row_len` values whose gradient touches few rows.
+    Rows {
+        /// Values a row.
+        row_len: usize,
+    },
+}
+
+/// One all-reduce of a [`Plan`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bucket {
+    /// A run of consecutive dense tensors, packed into one buffer.
+    Fused(Range<usize>),
+    /// One row-sparse tensor.
+    Rows {
+        /// The tensor.
+        tensor: usize,
+        /// Values a row.
+        row_len: usize,
+    },
+}
+
+impl Bucket {
+    /// The tensors the bucket covers.
+    pub fn tensors(&self) -> Range<usize> {
+        match self {
+            Bucket::Fused(range) => range.clone(),
+            Bucket::Rows { tensor, .. } => *tensor..tensor + 1,
+        }
+    }
+}
+
+/// The all-reduces of a step's gradients, in tensor order: each row-sparse
+/// tensor on its own, the dense ones between them in buckets as [`buckets`]
+/// makes them. The same tensors and layouts give the same plan on every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The buckets, in tensor order.
+    pub buckets: Vec<Bucket>,
+}
+
+impl Plan {
+    /// The plan for tensors of `sizes_bytes` laid out as `layouts` (a
+    /// missing layout is [`Layout::Dense`]), dense buckets of at most
+    /// `threshold` bytes.
+    pub fn new(sizes_bytes: &[usize], layouts: &[Layout], threshold: usize) -> Self {
+        let layout = |i: usize| layouts.get(i).copied().unwrap_or_default();
+        let mut out = Vec::new();
+        let mut start = 0;
+        for i in 0..=sizes_bytes.len() {
+            let row_len = match (i < sizes_bytes.len()).then(|| layout(i)) {
+                Some(Layout::Dense) => continue,
+                Some(Layout::Rows { row_len }) => Some(row_len),
+                None => None,
+            };
+            let run = buckets(&sizes_bytes[start..i], threshold);
+            out.extend(run.into_iter().map(|b| Bucket::Fused(start + b[0]..start + b[b.len() - 1] + 1)));
+            if let Some(row_len) = row_len {
+                out.push(Bucket::Rows { tensor: i, row_len });
+            }
+            start = i + 1;
+        }
+        Plan { buckets: out }
+    }
+
+    /// Every tensor dense: the buckets of [`buckets`].
+    pub fn dense(sizes_bytes: &[usize], threshold: usize) -> Self {
+        Self::new(sizes_bytes, &[], threshold)
+    }
+}
+
 /// All-reduces every tensor of `tensors` in place (f32 gradients), fusing them
 /// into buckets of at most `fusion.threshold_bytes` and compressing the wire
 /// format if asked. Ranks must pass tensors of the same sizes in the same order.
@@ -91,12 +172,60 @@ pub fn all_reduce_fused<C: Collective + ?Sized>(
         return Ok(());
     }
     let sizes: Vec<usize> = tensors.iter().map(|t| t.len() * 4).collect();
-    for (b, bucket) in buckets(&sizes, fusion.threshold_bytes).into_iter().enumerate() {
-        // A bucket is a run of consecutive tensors.
-        let parts = &mut tensors[bucket[0]..bucket[bucket.len() - 1] + 1];
-        all_reduce_bucket(comm, &format!("{name}.bucket{b}"), parts, opts, fusion.compression)?;
+    all_reduce_planned(
+        comm,
+        name,
+        tensors,
+        &Plan::dense(&sizes, fusion.threshold_bytes),
+        opts,
+        fusion.compression,
+    )
+}
+
+/// All-reduces every tensor of `tensors` in place as `plan` says: each
+/// bucket in turn, named `"{name}.bucket{b}"`, dense buckets through
+/// [`all_reduce_bucket`], row-sparse tensors through [`all_reduce_rows`] (as
+/// `f32`, whatever `compression`). A world of one with nothing to scale or
+/// compress leaves every value as it is.
+pub fn all_reduce_planned<C: Collective + ?Sized>(
+    comm: &C,
+    name: &str,
+    tensors: &mut [&mut [f32]],
+    plan: &Plan,
+    opts: ReduceOptions,
+    compression: Compression,
+) -> Result<(), CommError> {
+    if comm.world_size() == 1
+        && matches!(compression, Compression::None)
+        && opts.prescale == 1.0
+        && opts.postscale == 1.0
+    {
+        return Ok(());
+    }
+    for (b, bucket) in plan.buckets.iter().enumerate() {
+        all_reduce_one(comm, &format!("{name}.bucket{b}"), tensors, bucket, opts, compression)?;
     }
     Ok(())
+}
+
+/// All-reduces the tensors of one bucket of a [`Plan`] (`tensors` holds every
+/// tensor of the plan), as [`all_reduce_planned`] does for each; for callers
+/// that issue buckets themselves (an overlapped step reduces each as soon as
+/// its gradients are ready): the same bucket gives the same values bit for bit.
+pub fn all_reduce_one<C: Collective + ?Sized>(
+    comm: &C,
+    name: &str,
+    tensors: &mut [&mut [f32]],
+    bucket: &Bucket,
+    opts: ReduceOptions,
+    compression: Compression,
+) -> Result<(), CommError> {
+    match bucket {
+        Bucket::Fused(range) => all_reduce_bucket(comm, name, &mut tensors[range.clone()], opts, compression),
+        Bucket::Rows { tensor, row_len } => {
+            all_reduce_rows(comm, name, tensors[*tensor], *row_len, opts).map(|_| ())
+        }
+    }
 }
 
 /// All-reduces one bucket: `parts` packed into one buffer (compressed if
@@ -157,5 +286,29 @@ mod tests {
         assert_eq!(buckets(&[10, 10], 0), vec![vec![0], vec![1]]);
         assert_eq!(buckets(&[10, 10, 10], 1 << 20), vec![vec![0, 1, 2]]);
         assert!(buckets(&[], 10).is_empty());
+    }
+
+    #[test]
+    fn a_plan_puts_row_sparse_tensors_alone_and_buckets_the_runs_between() {
+        let rows = Layout::Rows { row_len: 4 };
+        let layouts = [Layout::Dense, rows, Layout::Dense, Layout::Dense, Layout::Dense, rows];
+        let plan = Plan::new(&[10, 400, 10, 10, 10, 40], &layouts, 25);
+        assert_eq!(
+            plan.buckets,
+            vec![
+                Bucket::Fused(0..1),
+                Bucket::Rows { tensor: 1, row_len: 4 },
+                Bucket::Fused(2..3),
+                Bucket::Fused(3..5),
+                Bucket::Rows { tensor: 5, row_len: 4 }
+            ]
+        );
+        let dense = Plan::dense(&[10, 10, 10, 50, 5], 25);
+        let expected: Vec<Bucket> = buckets(&[10, 10, 10, 50, 5], 25)
+            .into_iter()
+            .map(|b| Bucket::Fused(b[0]..b[b.len() - 1] + 1))
+            .collect();
+        assert_eq!(dense.buckets, expected);
+        assert_eq!(plan.buckets[3].tensors(), 3..5);
     }
 }

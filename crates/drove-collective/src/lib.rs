@@ -6,7 +6,8 @@
 //! the [`Elastic`] trait of a world that can end and re-form, the small
 //! types their ops take ([`DType`], [`TensorMut`], [`ReduceOptions`],
 //! [`OpDesc`]), their errors ([`CommError`]), ranks and world sizes checked
-//! once ([`Rank`], [`WorldSize`], [`Place`]), gradient [`fusion`], and two
+//! once ([`Rank`], [`WorldSize`], [`Place`]), gradient [`fusion`] and the
+//! row-sparse all-reduce of embeddings ([`all_reduce_rows`]), and two
 //! worlds that need no transport: [`SingleProcess`] and [`LocalWorld`]
 //! (ranks as threads of one process, for tests). It has no sockets, no
 //! environment, no async runtime and no gRPC, so a trainer that depends on
@@ -54,6 +55,7 @@ mod local;
 mod op;
 mod place;
 pub mod reduce;
+mod rows;
 mod single;
 
 pub use agree::{agree, scale_problem, shape_problem};
@@ -66,4 +68,5 @@ pub use half::{bf16, f16};
 pub use local::{DEFAULT_LOCAL_TIMEOUT, LocalWorld};
 pub use op::{OpDesc, OpKind, ReduceOptions};
 pub use place::{Place, PlaceError, Rank, WorldSize};
+pub use rows::{RowsSent, all_reduce_rows};
 pub use single::SingleProcess;

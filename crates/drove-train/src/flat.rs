@@ -267,7 +267,7 @@ pub fn decays<S: AsRef<str>>(name: &str, no_decay: &[S]) -> bool {
 }
 
 /// `*` matches any run of characters; everything else matches itself.
-fn glob(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob(pattern: &str, name: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     if parts.len() == 1 {
         return pattern == name;

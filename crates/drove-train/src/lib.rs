@@ -5,7 +5,8 @@
 //! a [`drove_collective::Collective`] and [`ReplicaOptions`], it broadcasts rank 0's
 //! parameters; each [`Replica::step`] takes this rank's batch and a loss
 //! closure, runs micro-batches at once, accumulates `backward_passes_per_step`
-//! passes, averages the gradients across ranks (fused into buckets), clips
+//! passes, averages the gradients across ranks (fused into buckets, the
+//! embedding tables as the rows the batch touched: [`SparseRows`]), clips
 //! them, and applies AdamW with a warmup/decay schedule and the learning rate
 //! scaled by the world size. [`Replica::save`] and [`Replica::load`] checkpoint
 //! and resume every rank from one folder. Where parameters and optimizer state
@@ -39,6 +40,7 @@ mod phase;
 mod placement;
 pub mod replica;
 pub mod schedule;
+mod sparse;
 pub mod timeline;
 
 pub use error::TrainError;
@@ -46,3 +48,4 @@ pub use exchange::{all_reduce_gradients, broadcast_parameters};
 pub use placement::Placement;
 pub use replica::{LossReduction, Micro, PhaseTimes, Replica, ReplicaOptions, Resynced, Rows, StepOutcome};
 pub use schedule::Schedule;
+pub use sparse::{SPARSE_ROWS, SparseRows};

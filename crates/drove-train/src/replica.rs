@@ -48,6 +48,7 @@ use std::time::Duration;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
+use drove_collective::fusion::Plan;
 use drove_collective::{Buffer, Collective, Element};
 
 use crate::TrainError;
@@ -87,6 +88,8 @@ pub struct Replica<'c, B: AutodiffBackend, M: AutodiffModule<B>> {
     device: B::Device,
     names: Vec<String>,
     shapes: Vec<Vec<usize>>,
+    /// The gradient all-reduce's buckets (the same on every rank).
+    buckets: Plan,
     /// Parameters, optimizer state and the gradients summed over this
     /// step's passes so far, where `options.placement` says.
     placement: Box<dyn PlacementStep<B, M>>,
@@ -139,6 +142,9 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         )
         .map_err(|e| TrainError::Options(format!("could not start the micro-batch threads: {e}")))?;
         let (names, shapes) = (params.names.clone(), params.shapes.clone());
+        let bytes: Vec<usize> = shapes.iter().map(|s| s.iter().product::<usize>() * 4).collect();
+        let layouts = options.sparse_rows.layouts(&names, &shapes);
+        let buckets = Plan::new(&bytes, &layouts, options.fusion.threshold_bytes);
         let start = StartState { params, adamw: options.adamw, decay, fusion: options.fusion, device };
         let placement = options.placement.start(start);
         Ok(Replica {
@@ -148,6 +154,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             device: device.clone(),
             names,
             shapes,
+            buckets,
             placement,
             micro,
             passes: 0,

@@ -5,10 +5,13 @@
 //!
 //! Tracks ([`Track`]): `main` (the step loop: data wait, forward and backward,
 //! the collectives, clipping, the optimizer, the diagnostic, evaluation and
-//! checkpoints, each step marked) and one per micro-batch (its forward and
-//! backward). Categories: `step` (a whole step), `phase` (the main track's
-//! top-level work, which never overlaps), `op` (each collective call, within a
-//! phase) and `micro` (a micro-batch's forward or backward).
+//! checkpoints, each step marked), one per micro-batch (its forward and
+//! backward, and in an overlapped pass the backward's levels within it, each
+//! ending when its layer's gradients were handed to the engine) and the
+//! overlap engine's (each bucket's all-reduce). Categories: `step` (a whole
+//! step), `phase` (the main track's top-level work, which never overlaps),
+//! `op` (each collective call, within a phase), `micro` (a micro-batch's
+//! forward or backward), `level` (a part of backward) and `bucket`.
 //!
 //! Recording is a push onto a mutex-guarded vector, off when no timeline was
 //! asked for ([`Timeline::off`]).
@@ -115,10 +118,24 @@ impl Timeline {
 
     /// Records `name` from `start` until now.
     pub fn record(&self, name: impl Into<String>, cat: &str, track: Track, start: Instant) {
+        if self.on {
+            self.record_between(name, cat, track, start, Instant::now());
+        }
+    }
+
+    /// Records `name` from `start` until `end` (for a span whose end is
+    /// known after the fact).
+    pub fn record_between(
+        &self,
+        name: impl Into<String>,
+        cat: &str,
+        track: Track,
+        start: Instant,
+        end: Instant,
+    ) {
         if !self.on {
             return;
         }
-        let end = Instant::now();
         let event = Event {
             name: name.into(),
             cat: cat.to_string(),

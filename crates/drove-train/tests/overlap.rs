@@ -1,7 +1,9 @@
 //! The all-reduce overlapped with backward (`ReplicaOptions::overlap`): the
 //! same parameters as the non-overlapped step, bit for bit, at 2 and 3
 //! ranks, in both placements, with micro-batches and gradient accumulation;
-//! and the first bucket's all-reduce starts before backward ends. Ranks are
+//! and the first bucket's all-reduce starts before backward ends; the
+//! embedding sent as the rows the batch touched gives the dense all-reduce's
+//! parameters bit for bit, overlapped or not. Ranks are
 //! threads with their own communicators over shared memory; the
 //! multi-process version runs under `drove run` (drove-cli's system tests).
 use burn::backend::{Autodiff, Flex};
@@ -14,13 +16,16 @@ use drove_collective::LocalWorld;
 use drove_collective::fusion::FusionOptions;
 use drove_train::flat::FlatParams;
 use drove_train::timeline::{Timeline, Track};
-use drove_train::{Placement, Replica, ReplicaOptions};
+use drove_train::{Placement, Replica, ReplicaOptions, SparseRows};
 
 type B = Autodiff<Flex>;
 type Model = Deep<B>;
 const SEQ: usize = 12;
 const LABELS: usize = 5;
 const WIDTH: usize = 16;
+/// Rows of the embedding table; batches use ids 1 to 49, so the rows the
+/// ranks touch add up to fewer than the table.
+const VOCAB: usize = 400;
 
 /// A residual block: `norm(tanh(linear(x)) + x)` (`x` has two consumers, so
 /// its gradient is a sum whose order the hooks must not change).
@@ -71,7 +76,7 @@ fn tagger<B: Backend>(device: &B::Device) -> Deep<B> {
         norm: LayerNormConfig::new(WIDTH).init(device),
     };
     Deep {
-        embedding: EmbeddingConfig::new(50, WIDTH).init(device),
+        embedding: EmbeddingConfig::new(VOCAB, WIDTH).init(device),
         blocks: vec![block(), block(), block()],
         classifier: LinearConfig::new(WIDTH, LABELS).init(device),
     }
@@ -115,8 +120,31 @@ fn options(placement: Placement, overlap: bool, micro_batches: usize, passes: us
         fusion: FusionOptions { threshold_bytes: 512, ..FusionOptions::default() },
         placement,
         overlap,
+        // The test's table is small: dense unless a test asks for rows.
+        sparse_rows: SparseRows::off(),
         ..ReplicaOptions::default()
     }
+}
+
+/// Every rank's timeline of `steps` steps of `model` with `opts` (2 ranks).
+fn timelines(model: Model, opts: ReplicaOptions, steps: usize) -> Vec<Vec<drove_train::timeline::Span>> {
+    let handles: Vec<_> = LocalWorld::new(2)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(rank, comm)| {
+            let (model, opts) = (model.clone(), opts.clone());
+            std::thread::spawn(move || {
+                let timeline = Timeline::on();
+                let mut replica =
+                    Replica::new(model, &comm, opts, &Default::default()).unwrap().with_timeline(&timeline);
+                train(&mut replica, rank, steps);
+                drop(replica);
+                timeline.spans()
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
 }
 
 /// `steps` steps of `replica` on rank `rank`'s rows; returns the hooked
@@ -191,27 +219,7 @@ fn overlapped_steps_give_the_same_parameters_bit_for_bit_at_2_and_3_ranks() {
 
 #[test]
 fn the_first_bucket_is_reduced_while_backward_goes_on() {
-    let timelines: Vec<Vec<drove_train::timeline::Span>> = {
-        let handles: Vec<_> = LocalWorld::new(2)
-            .unwrap()
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                std::thread::spawn(move || {
-                    let timeline = Timeline::on();
-                    let model = tagger::<B>(&Default::default());
-                    let opts = options(Placement::Host, true, 1, 1);
-                    let mut replica = Replica::new(model, &comm, opts, &Default::default())
-                        .unwrap()
-                        .with_timeline(&timeline);
-                    train(&mut replica, rank, 3);
-                    drop(replica);
-                    timeline.spans()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
-    };
+    let timelines = timelines(tagger::<B>(&Default::default()), options(Placement::Host, true, 1, 1), 3);
     for (rank, spans) in timelines.iter().enumerate() {
         let buckets: Vec<_> = spans.iter().filter(|s| s.track == Track::Engine).collect();
         let backward: Vec<_> = spans.iter().filter(|s| s.name == "backward").collect();
@@ -230,6 +238,58 @@ fn the_first_bucket_is_reduced_while_backward_goes_on() {
                 last.end_us
             );
             assert!(of_step[0].name.starts_with("gradients.bucket"), "{:?}", of_step[0]);
+            // Backward's levels, inside the backward span, each named for the
+            // module whose gradients it finished, the classifier's first.
+            let levels: Vec<_> = spans
+                .iter()
+                .filter(|s| s.track == Track::Micro(0) && s.name.starts_with("backward "))
+                .filter(|s| s.start_us >= last.start_us && s.end_us <= last.end_us)
+                .collect();
+            assert!(levels.len() >= 3, "rank {rank}: the classifier's and the blocks' levels: {levels:?}");
+            assert_eq!(levels[0].name, "backward classifier", "{levels:?}");
+            assert!(levels.windows(2).all(|w| w[0].end_us <= w[1].start_us), "in order: {levels:?}");
         }
+    }
+}
+
+#[test]
+fn the_embedding_sent_as_its_rows_gives_the_dense_parameters_bit_for_bit() {
+    let rows = SparseRows { min_bytes: 0, ..SparseRows::default() };
+    for world in [2, 3] {
+        for placement in [Placement::Host, Placement::Backend] {
+            let what = format!("{world} ranks, {placement}");
+            let dense = run(world, options(placement, false, 2, 1), 3);
+            for overlap in [false, true] {
+                let sparse = run(
+                    world,
+                    ReplicaOptions { sparse_rows: rows.clone(), ..options(placement, overlap, 2, 1) },
+                    3,
+                );
+                for (rank, (params, _)) in sparse.iter().enumerate() {
+                    let differ = params.iter().zip(&dense[0].0).filter(|(a, b)| a != b).count();
+                    assert_eq!(
+                        differ, 0,
+                        "{what}, overlap {overlap}: rank {rank}: {differ} values differ from dense"
+                    );
+                }
+            }
+            assert_ne!(dense[0].0, bits(&initial()), "{what}: training moved nothing");
+        }
+    }
+}
+
+#[test]
+fn the_embedding_rows_are_gathered_on_the_engine() {
+    let sparse_rows = SparseRows { min_bytes: 0, ..SparseRows::default() };
+    let opts = ReplicaOptions { sparse_rows, ..options(Placement::Host, true, 1, 1) };
+    for spans in timelines(initial(), opts, 2) {
+        let rows: Vec<_> = spans
+            .iter()
+            .filter(|s| s.track == Track::Engine && s.name.ends_with("rows all-gather"))
+            .collect();
+        // Two steps (the first measures, through the engine too), one table,
+        // the first parameter: the plan's first bucket.
+        assert_eq!(rows.len(), 2, "two steps, one table: {spans:?}");
+        assert_eq!(rows[0].name, "gradients.bucket0 rows all-gather");
     }
 }

@@ -3,7 +3,8 @@
 //! Chrome trace-event file, which must parse, name a process per rank and a
 //! track per thread of work, and within each step keep the main track's phases
 //! apart, in order, adding up to the step's wall time within 10%, with the
-//! gradient buckets' all-reduces on the engine's track starting during backward.
+//! gradient buckets' all-reduces on the engine's track starting during backward
+//! and backward's levels marked on the micro-batches' tracks.
 
 use std::process::Command;
 
@@ -61,8 +62,13 @@ fn the_timeline_holds_every_rank_and_its_steps_phases_in_order() {
             assert!(num(e, "dur") >= 0 && num(e, "ts") > 0, "{e}");
         }
         assert!(
-            complete.iter().any(|e| e["cat"] == "op" && e["name"] == "all_reduce gradients.bucket0"),
+            complete.iter().any(|e| e["cat"] == "op" && e["name"] == "all_reduce gradients.bucket1"),
             "each gradient bucket's all-reduce is drawn"
+        );
+        // The word embedding, the first parameter, goes as its touched rows.
+        assert!(
+            complete.iter().any(|e| e["cat"] == "op" && e["name"] == "all_gather gradients.bucket0.values"),
+            "the embedding's rows are drawn"
         );
         let steps: Vec<&&Value> = complete.iter().filter(|e| e["cat"] == "step").collect();
         assert_eq!(steps.len(), 6, "rank {rank}: 48 sentences over 2 ranks of 4");
@@ -120,9 +126,24 @@ fn the_timeline_holds_every_rank_and_its_steps_phases_in_order() {
             assert!(sum as f64 >= 0.9 * wall as f64, "rank {rank} step {n}: phases {sum} us of {wall} us");
         }
         for tid in [1i64, 2] {
-            let mut micro: Vec<&&Value> = complete.iter().filter(|e| e["tid"] == tid).collect();
+            let mut micro: Vec<&&Value> =
+                complete.iter().filter(|e| e["tid"] == tid && e["cat"] == "micro").collect();
             micro.sort_by_key(|e| num(e, "ts"));
             assert_eq!(micro.len(), 12, "a forward and a backward per step on track {tid}");
+            // Backward's levels in the five overlapped steps: each inside a
+            // backward span, at least one per encoder layer and the classifier.
+            let levels: Vec<&&Value> =
+                complete.iter().filter(|e| e["tid"] == tid && e["cat"] == "level").collect();
+            assert!(levels.len() >= 5 * 7, "rank {rank} track {tid}: {} levels", levels.len());
+            for level in &levels {
+                let (ts, te) = (num(level, "ts"), num(level, "ts") + num(level, "dur"));
+                let inside = micro.iter().any(|b| {
+                    b["name"] == "backward" && num(b, "ts") <= ts && te <= num(b, "ts") + num(b, "dur")
+                });
+                assert!(inside, "rank {rank}: a level outside backward: {level}");
+                let name = level["name"].as_str().unwrap();
+                assert!(name.starts_with("backward bert.") || name == "backward classifier", "{level}");
+            }
             for (i, pair) in micro.windows(2).enumerate() {
                 assert!(
                     num(pair[0], "ts") + num(pair[0], "dur") <= num(pair[1], "ts"),

@@ -20,8 +20,8 @@ use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use drove_collective::fusion::{Compression, FusionOptions, buckets};
-use drove_collective::{Collective, ReduceOptions};
+use drove_collective::fusion::{Bucket, Compression, FusionOptions, Plan};
+use drove_collective::{Collective, ReduceOptions, all_reduce_rows};
 
 use drove_device::{BucketAllReduce, DeviceError, HostStaging, read_back};
 
@@ -63,37 +63,64 @@ pub fn all_reduce_buckets<B: Backend>(
     grads: &mut [Tensor<B, 1>],
     fusion: FusionOptions,
 ) -> Result<(), TrainError> {
+    let bytes: Vec<usize> = grads.iter().map(|g| g.dims()[0] * 4).collect();
+    all_reduce_planned(reducer, comm, grads, fusion, &Plan::dense(&bytes, fusion.threshold_bytes))
+}
+
+/// [`all_reduce_buckets`] with the buckets of `plan`. Its row-sparse tables
+/// go through the host ([`all_reduce_rows`]) when `reducer` is
+/// [`HostStaging`]; a device collective gets every gradient in dense
+/// buckets, the tables included (sending rows is a saving of the host path).
+pub fn all_reduce_planned<B: Backend>(
+    reducer: &dyn BucketAllReduce<B>,
+    comm: &dyn Collective,
+    grads: &mut [Tensor<B, 1>],
+    fusion: FusionOptions,
+    plan: &Plan,
+) -> Result<(), TrainError> {
     if comm.world_size() == 1 && fusion.compression == Compression::None {
         return Ok(());
     }
     let sizes: Vec<usize> = grads.iter().map(|g| g.dims()[0]).collect();
-    let bytes: Vec<usize> = sizes.iter().map(|n| n * 4).collect();
-    let plan = buckets(&bytes, fusion.threshold_bytes);
-    let packed: Vec<(String, Tensor<B, 1>)> = plan
+    let staging = reducer.host_staging();
+    let dense;
+    let plan = if staging.is_some() {
+        plan
+    } else {
+        let bytes: Vec<usize> = sizes.iter().map(|n| n * 4).collect();
+        dense = Plan::dense(&bytes, fusion.threshold_bytes);
+        &dense
+    };
+    let packed: Vec<Packed<B>> = plan
+        .buckets
         .iter()
         .enumerate()
         .map(|(b, bucket)| {
-            let parts: Vec<Tensor<B, 1>> = bucket.iter().map(|&i| grads[i].clone()).collect();
+            let parts: Vec<Tensor<B, 1>> = bucket.tensors().map(|i| grads[i].clone()).collect();
             let packed = if parts.len() == 1 {
                 parts.into_iter().next().expect("one part")
             } else {
                 Tensor::cat(parts, 0)
             };
-            (format!("gradients.bucket{b}"), packed)
+            let rows = match bucket {
+                Bucket::Rows { row_len, .. } => Some(*row_len),
+                Bucket::Fused(_) => None,
+            };
+            Packed { name: format!("gradients.bucket{b}"), tensor: packed, rows }
         })
         .collect();
-    let reduced = match reducer.host_staging() {
-        Some(staging) if packed.len() > 1 => staged_overlapped(&staging, comm, packed)?,
-        _ => packed
+    let reduced = match staging {
+        Some(staging) => staged_overlapped(&staging, comm, packed)?,
+        None => packed
             .into_iter()
-            .map(|(name, bucket)| {
-                let reduced = reducer.all_reduce(comm, &name, bucket, ReduceOptions::average())?;
-                Ok((name, reduced))
+            .map(|p| {
+                let reduced = reducer.all_reduce(comm, &p.name, p.tensor, ReduceOptions::average())?;
+                Ok((p.name, reduced))
             })
             .collect::<Result<_, TrainError>>()?,
     };
-    for ((name, reduced), bucket) in reduced.into_iter().zip(&plan) {
-        let lengths: Vec<usize> = bucket.iter().map(|&i| sizes[i]).collect();
+    for ((name, reduced), bucket) in reduced.into_iter().zip(&plan.buckets) {
+        let lengths: Vec<usize> = bucket.tensors().map(|i| sizes[i]).collect();
         if reduced.dims()[0] != lengths.iter().sum::<usize>() {
             return Err(TrainError::Options(format!(
                 "{name}: the bucket all-reduce returned {} values for a bucket of {}",
@@ -102,26 +129,36 @@ pub fn all_reduce_buckets<B: Backend>(
             )));
         }
         let pieces = if lengths.len() == 1 { vec![reduced] } else { reduced.split_with_sizes(lengths, 0) };
-        for (&i, piece) in bucket.iter().zip(pieces) {
+        for (i, piece) in bucket.tensors().zip(pieces) {
             grads[i] = piece;
         }
     }
     Ok(())
 }
 
-/// Host staging of several buckets, pipelined: a reader thread copies bucket
+/// One bucket packed on the device: its name, its tensor, and its row length
+/// if it is a row-sparse table.
+struct Packed<B: Backend> {
+    name: String,
+    tensor: Tensor<B, 1>,
+    rows: Option<usize>,
+}
+
+/// Host staging of the buckets, pipelined: a reader thread copies bucket
 /// `b + 1` back from the device while this thread all-reduces bucket `b`
 /// through the collective (which is the network's time, not the device's),
 /// then writes it back. At most one bucket waits on the host ahead of the
 /// all-reduce. A failed read ends the reader; a failed all-reduce drops the
-/// channel, which ends it too.
+/// channel, which ends it too. A row-sparse table goes through
+/// [`all_reduce_rows`].
 fn staged_overlapped<B: Backend>(
     staging: &HostStaging,
     comm: &dyn Collective,
-    packed: Vec<(String, Tensor<B, 1>)>,
+    packed: Vec<Packed<B>>,
 ) -> Result<Vec<(String, Tensor<B, 1>)>, TrainError> {
-    let names: Vec<String> = packed.iter().map(|(name, _)| name.clone()).collect();
-    let device = packed[0].1.device();
+    let Some(first) = packed.first() else { return Ok(Vec::new()) };
+    let device = first.tensor.device();
+    let names: Vec<(String, Option<usize>)> = packed.iter().map(|p| (p.name.clone(), p.rows)).collect();
     // The reader is another thread, and a GPU backend's queue is per thread
     // (cubecl's streams): the gradients are finished here before it reads
     // them, or it could read a bucket the backward pass has not written yet.
@@ -131,8 +168,8 @@ fn staged_overlapped<B: Backend>(
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<f32>, TrainError>>(1);
         scope.spawn(move || {
-            for (name, bucket) in packed {
-                let read = read_back(&name, bucket).map_err(TrainError::from);
+            for Packed { name, tensor, .. } in packed {
+                let read = read_back(&name, tensor).map_err(TrainError::from);
                 let failed = read.is_err();
                 if tx.send(read).is_err() || failed {
                     break;
@@ -141,12 +178,19 @@ fn staged_overlapped<B: Backend>(
         });
         names
             .into_iter()
-            .map(|name| {
-                let staged = rx.recv().map_err(|_| {
+            .map(|(name, rows)| {
+                let mut staged = rx.recv().map_err(|_| {
                     TrainError::Device(DeviceError::Gpu(format!("{name}: the reader thread stopped")))
                 })??;
-                let reduced =
-                    staging.reduce_staged::<B>(comm, &name, staged, ReduceOptions::average(), &device)?;
+                let average = ReduceOptions::average();
+                let reduced = match rows {
+                    Some(row_len) => {
+                        all_reduce_rows(comm, &name, &mut staged, row_len, average)?;
+                        let n = staged.len();
+                        Tensor::from_data(burn::tensor::TensorData::new(staged, [n]), &device)
+                    }
+                    None => staging.reduce_staged::<B>(comm, &name, staged, average, &device)?,
+                };
                 Ok((name, reduced))
             })
             .collect()

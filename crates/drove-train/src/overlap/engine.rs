@@ -4,8 +4,9 @@
 //! soon as all of its gradients are in, while backward goes on.
 //!
 //! Buckets are those of the non-overlapped step (consecutive parameters in
-//! module order, at most the fusion threshold each), so the values are the
-//! same bit for bit. They are issued in one fixed order on every rank, the
+//! module order, at most the fusion threshold each, and each row-sparse table
+//! alone: drove-collective's `fusion::Plan`), so the values are the same bit
+//! for bit. They are issued in one fixed order on every rank, the
 //! last bucket first (backward finishes the last layers first); the engine
 //! blocks on its inbox, never spins, and a bucket that is not whole yet waits
 //! for its last gradient.
@@ -13,7 +14,7 @@
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use drove_collective::fusion::{FusionOptions, all_reduce_bucket, buckets};
+use drove_collective::fusion::{self, FusionOptions, all_reduce_one};
 use drove_collective::{Collective, ReduceOptions};
 
 use crate::TrainError;
@@ -22,6 +23,13 @@ use crate::timeline::{Timeline, Track};
 /// What reaches the engine from the micro-batches' threads.
 #[derive(Debug)]
 pub(crate) enum Arrival {
+    /// Micro-batch `micro`'s backward pass started `at`.
+    Backward {
+        /// The micro-batch.
+        micro: usize,
+        /// When.
+        at: Instant,
+    },
     /// Parameter `param`'s gradient from micro-batch `micro`'s backward.
     Gradient {
         /// The parameter, in module order.
@@ -50,10 +58,16 @@ pub(crate) enum Arrival {
 pub(crate) struct Plan<'a> {
     /// The collective.
     pub comm: &'a dyn Collective,
-    /// Bucket size and wire format.
+    /// Wire format.
     pub fusion: FusionOptions,
+    /// The buckets, as the non-overlapped step's.
+    pub buckets: &'a fusion::Plan,
     /// Elements of each parameter, in module order.
     pub sizes: Vec<usize>,
+    /// Each parameter's hook level (empty when no parameter is hooked).
+    pub levels: &'a [Option<usize>],
+    /// Each parameter's dotted name, for the timeline.
+    pub names: &'a [String],
     /// Micro-batches of this pass.
     pub micros: usize,
     /// Gradients summed over the step's earlier passes, if any.
@@ -74,12 +88,37 @@ pub(crate) struct Reduced {
     pub communication: Duration,
 }
 
+/// Where each micro-batch's backward stands, for the timeline: since when
+/// (its start, or the last hook level that handed over gradients) and which
+/// level that was.
+struct Levels<'a> {
+    marks: Vec<Option<(Instant, Option<usize>)>>,
+    plan_levels: &'a [Option<usize>],
+    names: &'a [String],
+}
+
+impl Levels<'_> {
+    /// A gradient of `param` from micro-batch `micro`, handed over `at`: the
+    /// first of its hook level ends a span of backward on the micro-batch's
+    /// track, named for the parameter's module (the layer whose backward it
+    /// was).
+    fn arrived(&mut self, param: usize, micro: usize, at: Instant, timeline: &Timeline) {
+        let Some(level) = self.plan_levels.get(param).copied().flatten() else { return };
+        let Some((since, last)) = self.marks[micro] else { return };
+        if last == Some(level) {
+            return;
+        }
+        let name = self.names.get(param).map_or("", String::as_str);
+        let module = name.rsplit_once('.').map_or(name, |(module, _)| module);
+        timeline.record_between(format!("backward {module}"), "level", Track::Micro(micro), since, at);
+        self.marks[micro] = Some((at, Some(level)));
+    }
+}
+
 /// Runs the engine on `inbox` until every bucket is reduced; see the
 /// [module](self).
 pub(crate) fn run(plan: Plan<'_>, inbox: Receiver<Arrival>) -> Result<Reduced, TrainError> {
     let n = plan.sizes.len();
-    let bytes: Vec<usize> = plan.sizes.iter().map(|s| s * 4).collect();
-    let order = buckets(&bytes, plan.fusion.threshold_bytes);
     let mut slots: Vec<Vec<Option<Vec<f32>>>> = vec![vec![None; plan.micros]; n];
     let mut sent: Vec<Option<Instant>> = vec![None; n];
     let mut done = vec![false; plan.micros];
@@ -87,13 +126,17 @@ pub(crate) fn run(plan: Plan<'_>, inbox: Receiver<Arrival>) -> Result<Reduced, T
     let mut out: Vec<Vec<f32>> = vec![Vec::new(); n];
     let mut local = None;
     let mut communication = Duration::ZERO;
+    let mut levels = Levels { marks: vec![None; plan.micros], plan_levels: plan.levels, names: plan.names };
     let whole = |slots: &[Vec<Option<Vec<f32>>>], done: &[bool], k: usize| {
         slots[k].iter().zip(done).all(|(slot, &done)| slot.is_some() || done)
     };
-    for (b, bucket) in order.iter().enumerate().rev() {
-        while !bucket.iter().all(|&k| whole(&slots, &done, k)) {
+    for (b, bucket) in plan.buckets.buckets.iter().enumerate().rev() {
+        let params = bucket.tensors();
+        while !params.clone().all(|k| whole(&slots, &done, k)) {
             match inbox.recv() {
+                Ok(Arrival::Backward { micro, at }) => levels.marks[micro] = Some((at, None)),
                 Ok(Arrival::Gradient { param, micro, values, sent: at }) => {
+                    levels.arrived(param, micro, at, plan.timeline);
                     let values = values?;
                     if values.len() != plan.sizes[param] {
                         return Err(TrainError::Options(format!(
@@ -117,8 +160,8 @@ pub(crate) fn run(plan: Plan<'_>, inbox: Receiver<Arrival>) -> Result<Reduced, T
             }
         }
         // The bucket was whole when backward handed over its last gradient.
-        let ready = bucket.iter().filter_map(|&k| sent[k]).max().unwrap_or_else(Instant::now);
-        for &k in bucket {
+        let ready = params.clone().filter_map(|k| sent[k]).max().unwrap_or_else(Instant::now);
+        for k in params {
             // The order of the non-overlapped step: earlier passes, then each
             // micro-batch in turn, a missing gradient as zeros.
             let mut sum = pending.as_mut().and_then(|p| p[k].take());
@@ -138,13 +181,22 @@ pub(crate) fn run(plan: Plan<'_>, inbox: Receiver<Arrival>) -> Result<Reduced, T
             }
         }
         let name = format!("gradients.bucket{b}");
-        let first = bucket[0];
-        let mut parts: Vec<&mut [f32]> =
-            out[first..first + bucket.len()].iter_mut().map(Vec::as_mut_slice).collect();
+        let mut all: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
         let started = Instant::now();
-        all_reduce_bucket(plan.comm, &name, &mut parts, ReduceOptions::average(), plan.fusion.compression)?;
+        all_reduce_one(
+            plan.comm,
+            &name,
+            &mut all,
+            bucket,
+            ReduceOptions::average(),
+            plan.fusion.compression,
+        )?;
         communication += started.elapsed();
-        plan.timeline.record(format!("{name} all-reduce"), "bucket", Track::Engine, ready);
+        let what = match bucket {
+            fusion::Bucket::Fused(_) => "all-reduce",
+            fusion::Bucket::Rows { .. } => "rows all-gather",
+        };
+        plan.timeline.record(format!("{name} {what}"), "bucket", Track::Engine, ready);
     }
     Ok(Reduced { grads: out, local, communication })
 }
@@ -198,10 +250,14 @@ mod tests {
                         }
                         tx.send(Arrival::Done { micro: 1 }).unwrap();
                         tx.send(Arrival::Done { micro: 0 }).unwrap();
+                        let buckets = fusion::Plan::dense(&[12, 8, 16], fusion.threshold_bytes);
                         let plan = Plan {
                             comm: &comm,
                             fusion,
+                            buckets: &buckets,
                             sizes: sizes.clone(),
+                            levels: &[],
+                            names: &[],
                             micros: 2,
                             pending: None,
                             keep_local: None,
@@ -224,10 +280,14 @@ mod tests {
         tx.send(Arrival::Failed { micro: 0 }).unwrap();
         let timeline = Timeline::off();
         let comm = drove_collective::SingleProcess;
+        let buckets = fusion::Plan::dense(&[8], 1 << 20);
         let plan = Plan {
             comm: &comm,
             fusion: FusionOptions::default(),
+            buckets: &buckets,
             sizes: vec![2],
+            levels: &[],
+            names: &[],
             micros: 1,
             pending: None,
             keep_local: None,

@@ -15,7 +15,7 @@ use super::step::{Pass, PlacementStep, UpdateSettings, accumulate};
 use crate::TrainError;
 use drove_device::BucketAllReduce;
 
-use crate::device::{DeviceAdamW, all_reduce_buckets, clip_global_norm, flatten, scalar, take_gradients};
+use crate::device::{DeviceAdamW, all_reduce_planned, clip_global_norm, flatten, scalar, take_gradients};
 use crate::flat::{FlatAdamW, FlatParams};
 use crate::micro::MicroBatches;
 use crate::phase::{PhaseTimes, phase};
@@ -116,7 +116,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
             if averaged {
                 return Ok(());
             }
-            all_reduce_buckets(self.reducer.as_ref(), u.comm, &mut tensors, u.fusion)
+            all_reduce_planned(self.reducer.as_ref(), u.comm, &mut tensors, u.fusion, u.plan)
         });
         if let Err(e) = reduced {
             return (model, Err(e));

@@ -1,7 +1,7 @@
 //! The host placement: parameters, gradients and AdamW state as flat `f32`
 //! buffers in host memory (the CPU fast path). Gradients leave their tensors
 //! on the micro-batches' threads, are summed and all-reduced as buffers
-//! (`all_reduce_fused`), clipped and applied on rayon's threads, then written
+//! (`all_reduce_planned`: buckets, and row-sparse tables as their rows), clipped and applied on rayon's threads, then written
 //! back into the model.
 
 use std::borrow::Cow;
@@ -10,7 +10,7 @@ use std::ops::Range;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use drove_collective::ReduceOptions;
-use drove_collective::fusion::all_reduce_fused;
+use drove_collective::fusion::all_reduce_planned;
 
 use super::step::{Pass, PlacementStep, UpdateSettings, accumulate};
 use crate::TrainError;
@@ -91,7 +91,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for HostPlace
                 return Ok(());
             }
             let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
-            all_reduce_fused(u.comm, "gradients", &mut refs, ReduceOptions::average(), u.fusion)
+            let compression = u.fusion.compression;
+            all_reduce_planned(u.comm, "gradients", &mut refs, u.plan, ReduceOptions::average(), compression)
         });
         if let Err(e) = reduced {
             return (model, Err(e.into()));

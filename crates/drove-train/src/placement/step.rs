@@ -9,7 +9,7 @@ use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
 use drove_collective::Collective;
-use drove_collective::fusion::FusionOptions;
+use drove_collective::fusion::{FusionOptions, Plan};
 
 use crate::TrainError;
 use crate::flat::{FlatAdamW, FlatParams};
@@ -28,6 +28,8 @@ pub(crate) struct UpdateSettings<'a> {
     pub comm: &'a dyn Collective,
     /// Bucket size and wire compression of the gradient all-reduce.
     pub fusion: FusionOptions,
+    /// Its buckets, row-sparse tables apart (for reductions on the host).
+    pub plan: &'a Plan,
     /// The global norm to clip to (0: no clipping).
     pub clip: f64,
     /// The learning rate of the update.

@@ -8,6 +8,7 @@ use crate::TrainError;
 use crate::flat::{AdamWSettings, NO_DECAY};
 use crate::placement::Placement;
 use crate::schedule::{LrScaling, Schedule};
+use crate::sparse::SparseRows;
 
 /// What the loss closure returns, and so how micro-batches and backward passes
 /// add up.
@@ -53,6 +54,10 @@ pub struct ReplicaOptions {
     pub loss: LossReduction,
     /// Bucket size and wire compression of the gradient all-reduce.
     pub fusion: FusionOptions,
+    /// Which parameters (embedding tables) are all-reduced as the rows the
+    /// batch touched: on the host collective and host staging (a device
+    /// collective all-reduces them dense).
+    pub sparse_rows: SparseRows,
     /// Where parameters and optimizer state live.
     pub placement: Placement,
     /// The rank whose parameters every rank starts from.
@@ -77,6 +82,7 @@ impl Default for ReplicaOptions {
             backward_passes_per_step: 1,
             loss: LossReduction::Mean,
             fusion: FusionOptions::default(),
+            sparse_rows: SparseRows::default(),
             placement: Placement::Host,
             root: 0,
             overlap: true,

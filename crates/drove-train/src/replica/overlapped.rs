@@ -138,12 +138,16 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             })
             .collect();
         let measured = std::sync::Mutex::new(Vec::new());
-        let plan = Plan { comm, fusion, sizes, micros: jobs.len(), pending, keep_local, timeline };
+        let (buckets, names) = (&self.buckets, self.names.as_slice());
+        let micros = jobs.len();
+        let plan =
+            Plan { comm, fusion, buckets, sizes, levels, names, micros, pending, keep_local, timeline };
         let micro = &self.micro;
         let work = |index: usize, (range, model): (Range<usize>, M)| {
             let finish = Finish { tx: tx.clone(), micro: index };
             let (scalar, value) = weigh.forward(batch, loss, index, range, &model, timeline);
             let backward = Instant::now();
+            let _ = finish.tx.send(Arrival::Backward { micro: index, at: backward });
             let probes = measure.then(|| Probes::new(&model));
             let root = match &probes {
                 Some(probes) => probes.root(value),

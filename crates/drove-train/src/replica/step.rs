@@ -171,7 +171,8 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
                 return Err(self.non_finite(step, "loss", loss, local_loss));
             }
         };
-        let settings = UpdateSettings { comm, fusion, clip, lr, timeline: self.timeline };
+        let settings =
+            UpdateSettings { comm, fusion, plan: &self.buckets, clip, lr, timeline: self.timeline };
         let model = self.model.take().expect("the model is always put back");
         let (model, grad_norm) = self.placement.update(model, &settings, &mut times);
         self.model = Some(model);
