@@ -68,6 +68,6 @@ pub use rendezvous::{FileRendezvous, PeerTable, RankRequest, Rendezvous, StaticR
 // communicator needs one import path.
 pub use drove_collective::{
     Buffer, Collective, CommError, DType, Elastic, Element, Gathered, Loss, MemberId, OpDesc, OpKind,
-    Pending, Place, PlaceError, Rank, ReduceOp, ReduceOptions, ReformCause, SingleProcess, TensorMut,
-    TensorRef, World, WorldRange, WorldSize, bf16, f16, fusion,
+    Pending, Place, PlaceError, Rank, ReduceOp, ReduceOptions, ReformCause, RowsSent, SingleProcess,
+    TensorMut, TensorRef, World, WorldRange, WorldSize, all_reduce_rows, bf16, f16, fusion,
 };

@@ -245,7 +245,9 @@ fn fused_buckets_equal_the_unfused_result() {
             assert_eq!(r["unfused_ok"], true);
             assert_eq!(r["tensors"], 200);
             let res = &r["results"];
-            for exact in ["fused_64mib", "fused_256kib", "unfused_0"] {
+            // The rows of ranks 0 and 1 (20 and 20), rank 2 sending none.
+            assert_eq!(res["rows"]["sparse_rows"], 40, "{res}");
+            for exact in ["fused_64mib", "fused_256kib", "unfused_0", "rows"] {
                 assert_eq!(res[exact]["ok"], true, "{exact}: {res}");
                 assert_eq!(res[exact]["max_abs_diff"].as_f64(), Some(0.0), "{exact}: {res}");
             }
