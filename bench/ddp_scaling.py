@@ -10,6 +10,7 @@ every batch padded to --pad-to tokens, so that every step does the same work.
 Timed, after --warmup-steps untimed steps:
   step          --steps DDP steps (forward, backward with DDP's all-reduce, clip, AdamW)
   compute       --steps forward and backward passes under no_sync() (no all-reduce)
+  slowest_compute the same, the slowest rank's of each pass (where ranks share cores)
   communication the gradients all-reduced alone, in DDP's bucket sizes
   optimizer     clipping and AdamW, inside the timed steps
 exposed communication = (step - optimizer) - compute. Rank 0 prints one JSON line.
@@ -133,12 +134,19 @@ def main():
                 dist.all_reduce(b)
             communication.append(time.perf_counter() - t0)
 
+    # The slowest rank's compute of each step: what a synchronous step waits
+    # for at least where ranks share cores.
+    slowest = torch.tensor(compute, dtype=torch.float64)
+    if n > 1:
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
     step = mean(steps)
     parts = {
         "optimizer": mean(optimizer),
         "communication": mean(communication),
         "compute": mean(compute),
+        "slowest_compute": mean(slowest.tolist()),
         "exposed_communication": max(0.0, step - mean(optimizer) - mean(compute)) if n > 1 else 0.0,
         "step": step,
     }

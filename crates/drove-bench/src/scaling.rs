@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, Flex};
-use drove_comm::Collective;
+use drove_comm::{Collective, Element, ReduceOp, ReduceOptions};
 use drove_ner::{NerOptions, Observer, StepReport, train_ner};
 use drove_train::PhaseTimes;
 use serde::Serialize;
@@ -90,6 +90,9 @@ pub struct StepParts {
     pub communication: f64,
     /// Forward and backward passes.
     pub compute: f64,
+    /// The slowest rank's forward and backward passes that step: what a
+    /// synchronous step waits for at least, where ranks share cores.
+    pub slowest_compute: f64,
     /// The all-reduce left after backward ended: what the step waited for.
     pub exposed_communication: f64,
     /// The wall time between two steps' ends, batch preparation included.
@@ -148,6 +151,8 @@ fn parts(p: &PhaseTimes, wall: Duration) -> StepParts {
         optimizer: (p.clip + p.update).as_secs_f64(),
         communication: p.communication.as_secs_f64(),
         compute: p.compute.as_secs_f64(),
+        // This rank's until the ranks compare (`run`).
+        slowest_compute: p.compute.as_secs_f64(),
         exposed_communication: p.all_reduce.as_secs_f64(),
         step: wall.as_secs_f64(),
     }
@@ -184,12 +189,19 @@ pub fn run(o: &ScalingOptions, comm: &dyn Collective) -> Result<ScalingReport, B
     let mut steps = Steps { last: Instant::now(), parts: Vec::new() };
     train_ner::<Autodiff<Flex>>(&opts, comm, &mut steps, &Default::default()).map_err(BenchError::Ner)?;
     let skip = (o.warmup_steps as usize).min(steps.parts.len());
-    let timed = steps.parts[skip..].to_vec();
+    let mut timed = steps.parts[skip..].to_vec();
     let world = comm.world_size();
+    let mut slowest: Vec<f64> = timed.iter().map(|p| p.compute).collect();
+    if world > 1 && !slowest.is_empty() {
+        let max = ReduceOptions::new(ReduceOp::Max);
+        comm.all_reduce("scaling.slowest_compute", &[slowest.len()], f64::tensor_mut(&mut slowest), max)?;
+    }
+    timed.iter_mut().zip(slowest).for_each(|(p, s)| p.slowest_compute = s);
     let parts = StepParts {
         optimizer: mean(&timed, |p| p.optimizer),
         communication: mean(&timed, |p| p.communication),
         compute: mean(&timed, |p| p.compute),
+        slowest_compute: mean(&timed, |p| p.slowest_compute),
         exposed_communication: mean(&timed, |p| p.exposed_communication),
         step: mean(&timed, |p| p.step),
     };
@@ -275,8 +287,13 @@ mod tests {
                 assert_eq!((r.world_size, r.steps_timed, r.per_step.len()), (2, 3, 3));
                 assert_eq!(r.overlap, !no_overlap, "{r:?}");
                 assert!(r.parts.compute > 0.0 && r.parts.step >= r.parts.compute, "{r:?}");
+                assert!(r.parts.slowest_compute >= r.parts.compute, "{r:?}");
                 assert_eq!(r.parts.communication > 0.0, !no_overlap, "{r:?}");
                 assert!((r.sentences_per_s - 8.0 / r.parts.step).abs() < 1e-9, "{r:?}");
+            }
+            for (a, b) in reports[0].per_step.iter().zip(&reports[1].per_step) {
+                assert_eq!(a.slowest_compute, b.slowest_compute, "the same on both ranks");
+                assert_eq!(a.slowest_compute, a.compute.max(b.compute), "the slower rank's");
             }
         }
     }
