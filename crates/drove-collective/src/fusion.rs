@@ -162,15 +162,6 @@ pub fn all_reduce_fused<C: Collective + ?Sized>(
     opts: ReduceOptions,
     fusion: FusionOptions,
 ) -> Result<(), CommError> {
-    if comm.world_size() == 1
-        && matches!(fusion.compression, Compression::None)
-        && opts.prescale == 1.0
-        && opts.postscale == 1.0
-    {
-        // Sum, average, min, max and product over one rank leave every value as
-        // it is: no packing, no copies.
-        return Ok(());
-    }
     let sizes: Vec<usize> = tensors.iter().map(|t| t.len() * 4).collect();
     all_reduce_planned(
         comm,
@@ -200,6 +191,8 @@ pub fn all_reduce_planned<C: Collective + ?Sized>(
         && opts.prescale == 1.0
         && opts.postscale == 1.0
     {
+        // Sum, average, min, max and product over one rank leave every value as
+        // it is: no packing, no copies.
         return Ok(());
     }
     for (b, bucket) in plan.buckets.iter().enumerate() {

@@ -44,11 +44,6 @@ impl SparseRows {
         SparseRows { patterns: Vec::new(), min_bytes: 0 }
     }
 
-    /// Whether this is [`SparseRows::off`] in effect (no pattern).
-    pub fn is_off(&self) -> bool {
-        self.patterns.is_empty()
-    }
-
     /// How each parameter (dotted `names`, `shapes`, module order) is
     /// all-reduced: [`Layout::Rows`] for a matched table of `min_bytes` or
     /// more, [`Layout::Dense`] for the rest.

@@ -91,7 +91,7 @@ pub fn all_reduce_planned<B: Backend>(
         dense = Plan::dense(&bytes, fusion.threshold_bytes);
         &dense
     };
-    let packed: Vec<Packed<B>> = plan
+    let packed: Vec<(String, Tensor<B, 1>)> = plan
         .buckets
         .iter()
         .enumerate()
@@ -102,20 +102,16 @@ pub fn all_reduce_planned<B: Backend>(
             } else {
                 Tensor::cat(parts, 0)
             };
-            let rows = match bucket {
-                Bucket::Rows { row_len, .. } => Some(*row_len),
-                Bucket::Fused(_) => None,
-            };
-            Packed { name: format!("gradients.bucket{b}"), tensor: packed, rows }
+            (format!("gradients.bucket{b}"), packed)
         })
         .collect();
     let reduced = match staging {
-        Some(staging) => staged_overlapped(&staging, comm, packed)?,
+        Some(staging) => staged_overlapped(&staging, comm, packed, plan)?,
         None => packed
             .into_iter()
-            .map(|p| {
-                let reduced = reducer.all_reduce(comm, &p.name, p.tensor, ReduceOptions::average())?;
-                Ok((p.name, reduced))
+            .map(|(name, bucket)| {
+                let reduced = reducer.all_reduce(comm, &name, bucket, ReduceOptions::average())?;
+                Ok((name, reduced))
             })
             .collect::<Result<_, TrainError>>()?,
     };
@@ -136,29 +132,22 @@ pub fn all_reduce_planned<B: Backend>(
     Ok(())
 }
 
-/// One bucket packed on the device: its name, its tensor, and its row length
-/// if it is a row-sparse table.
-struct Packed<B: Backend> {
-    name: String,
-    tensor: Tensor<B, 1>,
-    rows: Option<usize>,
-}
-
 /// Host staging of the buckets, pipelined: a reader thread copies bucket
 /// `b + 1` back from the device while this thread all-reduces bucket `b`
 /// through the collective (which is the network's time, not the device's),
 /// then writes it back. At most one bucket waits on the host ahead of the
 /// all-reduce. A failed read ends the reader; a failed all-reduce drops the
-/// channel, which ends it too. A row-sparse table goes through
-/// [`all_reduce_rows`].
+/// channel, which ends it too. A row-sparse table of `plan` (whose buckets
+/// `packed` holds, in order) goes through [`all_reduce_rows`].
 fn staged_overlapped<B: Backend>(
     staging: &HostStaging,
     comm: &dyn Collective,
-    packed: Vec<Packed<B>>,
+    packed: Vec<(String, Tensor<B, 1>)>,
+    plan: &Plan,
 ) -> Result<Vec<(String, Tensor<B, 1>)>, TrainError> {
-    let Some(first) = packed.first() else { return Ok(Vec::new()) };
-    let device = first.tensor.device();
-    let names: Vec<(String, Option<usize>)> = packed.iter().map(|p| (p.name.clone(), p.rows)).collect();
+    let Some((_, first)) = packed.first() else { return Ok(Vec::new()) };
+    let device = first.device();
+    let names: Vec<String> = packed.iter().map(|(name, _)| name.clone()).collect();
     // The reader is another thread, and a GPU backend's queue is per thread
     // (cubecl's streams): the gradients are finished here before it reads
     // them, or it could read a bucket the backward pass has not written yet.
@@ -168,8 +157,8 @@ fn staged_overlapped<B: Backend>(
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<f32>, TrainError>>(1);
         scope.spawn(move || {
-            for Packed { name, tensor, .. } in packed {
-                let read = read_back(&name, tensor).map_err(TrainError::from);
+            for (name, bucket) in packed {
+                let read = read_back(&name, bucket).map_err(TrainError::from);
                 let failed = read.is_err();
                 if tx.send(read).is_err() || failed {
                     break;
@@ -178,18 +167,19 @@ fn staged_overlapped<B: Backend>(
         });
         names
             .into_iter()
-            .map(|(name, rows)| {
+            .zip(&plan.buckets)
+            .map(|(name, bucket)| {
                 let mut staged = rx.recv().map_err(|_| {
                     TrainError::Device(DeviceError::Gpu(format!("{name}: the reader thread stopped")))
                 })??;
                 let average = ReduceOptions::average();
-                let reduced = match rows {
-                    Some(row_len) => {
-                        all_reduce_rows(comm, &name, &mut staged, row_len, average)?;
+                let reduced = match bucket {
+                    Bucket::Rows { row_len, .. } => {
+                        all_reduce_rows(comm, &name, &mut staged, *row_len, average)?;
                         let n = staged.len();
                         Tensor::from_data(burn::tensor::TensorData::new(staged, [n]), &device)
                     }
-                    None => staging.reduce_staged::<B>(comm, &name, staged, average, &device)?,
+                    Bucket::Fused(_) => staging.reduce_staged::<B>(comm, &name, staged, average, &device)?,
                 };
                 Ok((name, reduced))
             })

@@ -103,6 +103,9 @@ impl Levels<'_> {
     /// track, named for the parameter's module (the layer whose backward it
     /// was).
     fn arrived(&mut self, param: usize, micro: usize, at: Instant, timeline: &Timeline) {
+        if !timeline.is_on() {
+            return;
+        }
         let Some(level) = self.plan_levels.get(param).copied().flatten() else { return };
         let Some((since, last)) = self.marks[micro] else { return };
         if last == Some(level) {
