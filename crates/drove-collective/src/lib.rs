@@ -9,7 +9,8 @@
 //! once ([`Rank`], [`WorldSize`], [`Place`]), gradient [`fusion`] and the
 //! row-sparse all-reduce of embeddings ([`all_reduce_rows`]), and two
 //! worlds that need no transport: [`SingleProcess`] and [`LocalWorld`]
-//! (ranks as threads of one process, for tests). It has no sockets, no
+//! (ranks as threads of one process, for tests), and [`fault`], a collective
+//! that loses its rank at a named op, for tests of a rank lost mid-step. It has no sockets, no
 //! environment, no async runtime and no gRPC, so a trainer that depends on
 //! it (drove-train) cannot reach a transport, and a transport (drove-comm's
 //! CPU communicator, drove-nccl on GPUs) can be swapped under it, as
@@ -50,6 +51,7 @@ mod delegate;
 mod dtype;
 mod elastic;
 mod error;
+pub mod fault;
 pub mod fusion;
 mod local;
 mod op;

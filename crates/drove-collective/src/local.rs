@@ -5,7 +5,9 @@
 //! tests need several ranks without a transport: each handle is one rank's
 //! [`Collective`], ops are checked across ranks as every transport checks
 //! them ([`agree`](crate::agree)), reduced with the same kernels, and a rank
-//! that does not come within the deadline fails the others, naming it.
+//! that does not come within the deadline fails the others, naming it. A rank
+//! that [hangs up](LocalWorld::hang_up) fails them at once, naming it, as a
+//! transport names a peer whose process died and closed its connections.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -47,6 +49,8 @@ struct State {
     results: Option<Vec<Option<Outcome>>>,
     /// Why the world can no longer be used (a rank gave up waiting).
     broken: Option<String>,
+    /// The ranks that hung up, in the order they did.
+    gone: Vec<usize>,
 }
 
 #[derive(Debug)]
@@ -81,6 +85,28 @@ impl LocalWorld {
             .collect()
     }
 
+    /// Leaves the world as a rank whose process dies does: every op a peer
+    /// is waiting in for this rank, and every later one, fails at once with
+    /// [`CommError::PeerLost`] naming this rank (and the op), instead of at
+    /// the deadline; this rank's own later ops fail alike. For tests of a
+    /// rank lost mid-step ([`fault::Faulty`](crate::fault::Faulty) calls it when
+    /// a fault strikes). Call it between this rank's ops, not during one.
+    pub fn hang_up(&self) {
+        let rank = self.place.rank().get();
+        let mut state = self.lock();
+        if !state.gone.contains(&rank) {
+            state.gone.push(rank);
+        }
+        // A result of the last round it did not take would hold up the next round.
+        if let Some(results) = state.results.as_mut() {
+            results[rank] = None;
+            if results.iter().all(Option::is_none) {
+                state.results = None;
+            }
+        }
+        self.room.changed.notify_all();
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.room.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -92,6 +118,10 @@ impl LocalWorld {
         let label = desc.label();
         let deadline = Instant::now() + self.room.timeout;
         let mut state = self.lock();
+        if state.gone.contains(&rank) {
+            let detail = "this rank hung up (LocalWorld::hang_up) before the op".to_string();
+            return Err(CommError::PeerLost { op: label, ranks: vec![rank], detail });
+        }
         // The last round's results are still being taken.
         state = self.wait(state, deadline, &label, |s| s.results.is_none())?;
         state.arrived[rank] = Some(Part { desc, data });
@@ -124,6 +154,13 @@ impl LocalWorld {
             }
             if ready(&state) {
                 return Ok(state);
+            }
+            // A rank that hung up never comes: the op fails now, naming it.
+            let lost: Vec<usize> =
+                state.gone.iter().copied().filter(|&r| state.arrived[r].is_none()).collect();
+            if !lost.is_empty() {
+                let detail = "hung up (LocalWorld::hang_up), as a rank whose process died".to_string();
+                return Err(CommError::PeerLost { op: label.to_string(), ranks: lost, detail });
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -69,5 +69,5 @@ pub use rendezvous::{FileRendezvous, PeerTable, RankRequest, Rendezvous, StaticR
 pub use drove_collective::{
     Buffer, Collective, CommError, DType, Elastic, Element, Gathered, Loss, MemberId, OpDesc, OpKind,
     Pending, Place, PlaceError, Rank, ReduceOp, ReduceOptions, ReformCause, RowsSent, SingleProcess,
-    TensorMut, TensorRef, World, WorldRange, WorldSize, all_reduce_rows, bf16, f16, fusion,
+    TensorMut, TensorRef, World, WorldRange, WorldSize, all_reduce_rows, bf16, f16, fault, fusion,
 };
