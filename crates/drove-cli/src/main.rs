@@ -216,6 +216,20 @@ fn keep_freed_memory() {
     }
 }
 
+/// `e` and its causes on one line, each said once: a cause whose words the
+/// line already ends with (an error whose message includes its source, as
+/// thiserror's `"...: {0}"` with `#[from]` does) is not said again.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.ends_with(&cause) {
+            line = format!("{line}: {cause}");
+        }
+    }
+    line
+}
+
 fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();
@@ -229,7 +243,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // One line with the whole chain of causes, in clap's style.
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
@@ -254,6 +268,33 @@ mod tests {
             let err = parse::probability(bad).unwrap_err();
             assert!(err.contains("probability"), "{bad}: {err}");
         }
+    }
+
+    /// An error whose message ends with its source's, as thiserror's
+    /// `#[error("...: {0}")]` with `#[from]` writes it.
+    #[derive(Debug)]
+    struct Wrapping(std::io::Error);
+
+    impl std::fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "joining the other ranks: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let inner = std::io::Error::other("the file lists 3");
+        let e = anyhow::Error::from(Wrapping(inner)).context("drove check");
+        assert_eq!(one_line(&e), "drove check: joining the other ranks: the file lists 3");
+        let e =
+            anyhow::Error::from(std::io::Error::other("refused")).context("connecting").context("joining");
+        assert_eq!(one_line(&e), "joining: connecting: refused");
     }
 
     #[test]

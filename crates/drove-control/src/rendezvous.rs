@@ -160,13 +160,15 @@ impl CoordinatorRendezvous {
     /// One join, answered or refused; while the coordinator cannot be
     /// reached or is restarting and `retry` holds, tried again (after 50 ms,
     /// doubling to at most 1 s) until `deadline`. Each try asks the
-    /// coordinator to wait only for what is left of the deadline.
+    /// coordinator to wait only for what is left of the deadline. Given up
+    /// at the deadline, the last refusal says how long it was tried.
     fn join_until(
         &self,
         mut request: JoinRequest,
         deadline: Instant,
         retry: bool,
     ) -> Result<drove_proto::v1::JoinResponse, tonic::Status> {
+        let allowed = deadline.saturating_duration_since(Instant::now());
         let mut backoff = Duration::from_millis(50);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -187,7 +189,16 @@ impl CoordinatorRendezvous {
                 status.code(),
                 tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
             );
-            if !(retry && away && !left.is_zero()) {
+            if retry && away && left.is_zero() {
+                // Said, so that a user knows the wait was the deadline's and can lengthen it.
+                let why = format!(
+                    "{} (still so at the deadline, {:.1} s after the first try)",
+                    status.message(),
+                    allowed.as_secs_f64()
+                );
+                return Err(tonic::Status::new(status.code(), why));
+            }
+            if !(retry && away) {
                 return Err(status);
             }
             tracing::debug!(

@@ -41,7 +41,9 @@ pub const MEMBER_ID: &str = "DROVE_MEMBER_ID";
 /// minimum, in seconds (default 2).
 pub const SETTLE_SECS: &str = "DROVE_SETTLE_SECS";
 /// How long an elastic member waits for its next world to form, in
-/// seconds (default 600); below MIN that long, the run fails.
+/// seconds (default 600); below MIN that long, the run fails. A rank of a
+/// fixed world meeting through a coordinator waits that long for it and
+/// its peers (default 60).
 pub const RENDEZVOUS_TIMEOUT_SECS: &str = "DROVE_RENDEZVOUS_TIMEOUT_SECS";
 /// The port rank 0 serves the coordinator on in a Slurm step (default
 /// 29400 plus the job id modulo 1000).

@@ -624,3 +624,38 @@ fn bench_coordinator_reports_positive_finite_figures() {
     assert!(r["blob"]["fetch_gbps_min"].as_f64() <= r["blob"]["fetch_gbps_mean"].as_f64());
     assert!(r["machine"]["nproc"].as_u64().is_some_and(|n| n >= 1), "{r}");
 }
+
+#[test]
+fn an_elastic_launch_of_real_trainers_left_below_min_np_ends_soon_after_the_loss_naming_why() {
+    // Real `drove train ner` ranks on MiniLM: the survivors are in a
+    // collective when their peer dies, and would wait for a world of 3 to
+    // re-form (before the launcher stopped them, 140-150 s).
+    let dir = tempfile::tempdir().unwrap();
+    let a = crate::common::assets();
+    let mut cmd = Command::new(DROVE);
+    cmd.args(["run", "--np", "3", "--min-np", "3", "--stop-grace-secs", "2", "--", DROVE, "train", "ner"])
+        .args(["--max-train-sentences", "16", "--batch-size", "2", "--epochs", "1", "--eval", ""])
+        .args(["--workers", "1", "--log-every", "1", "--fail-at-step", "1", "--rank-to-fail", "2"])
+        .arg(format!("--data={}", a.join("conll2003").display()))
+        .arg(format!("--model={}", a.join("minilm").display()))
+        .arg(format!("--out={}", dir.path().join("out").display()))
+        .env_remove("RUST_LOG")
+        .env("RAYON_NUM_THREADS", "1");
+    let mut run = Proc::spawn(&mut cmd);
+    let killed = "[2] rank 2: killing itself with SIGKILL after step 1";
+    assert!(
+        run.stderr_until(Duration::from_secs(600), |l| l.contains(killed)),
+        "rank 2 never failed:\n{}",
+        run.err.join("\n")
+    );
+    let lost = Instant::now();
+    // Generous for a loaded machine, and well under the wait it once was;
+    // `finish` prints everything the launcher said if it is not over by then.
+    let (status, _, err) = run.finish(Duration::from_secs(60));
+    eprintln!("drove run ended {:.1} s after rank 2 was lost", lost.elapsed().as_secs_f64());
+    assert_eq!(status.code(), Some(128 + libc::SIGKILL), "rank 2's exit code: {status}\n{err}");
+    assert!(
+        err.contains("rank 2 failed (exit code 137) with no restart left, and only 2 rank(s) could still finish, fewer than --min-np 3"),
+        "{err}"
+    );
+}

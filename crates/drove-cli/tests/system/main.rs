@@ -12,6 +12,7 @@
 mod common;
 
 mod alarm;
+mod bad_input;
 mod cli;
 mod container;
 mod control_plane;
@@ -24,5 +25,6 @@ mod progress;
 mod report;
 mod survive;
 mod timeline;
+mod tls;
 mod train;
 mod wgpu;

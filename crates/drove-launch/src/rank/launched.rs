@@ -58,10 +58,15 @@ impl LaunchEnv {
     /// drove-comm's [`Communicator`] through the launcher's rendezvous: the
     /// coordinator, `DROVE_RENDEZVOUS_DIR`, else `DROVE_PEERS` or
     /// `DROVE_PEERS_FILE` (an error naming what is missing when none is
-    /// set); the settings are [`comm_options`](Self::comm_options).
+    /// set); the settings are [`comm_options`](Self::comm_options), the
+    /// wait for the world through a coordinator at most
+    /// `DROVE_RENDEZVOUS_TIMEOUT_SECS` where that is set.
     pub fn connect(&self) -> Result<Communicator, LaunchError> {
-        let opts = self.comm_options();
+        let mut opts = self.comm_options();
         if let (RendezvousKind::Coordinator, Some(request)) = (self.rendezvous, self.place) {
+            if let Some(wait) = self.rendezvous_timeout {
+                opts.connect_timeout = wait;
+            }
             return Ok(Communicator::connect(&self.coordinator_rendezvous(request)?, opts)?);
         }
         let place = self.given_place()?;
