@@ -1,5 +1,9 @@
 //! The real all-MiniLM-L6-v2 weights reproduce PyTorch/transformers' last hidden
-//! states (fixture from `scripts/minilm_reference.py`) within 1e-4.
+//! states (fixture from `scripts/minilm_reference.py`) within 2e-5, the largest
+//! absolute difference over every unpadded value; the test prints the one it
+//! measured: 2.3e-6 when first run (5a7953e, an Intel AVX-512 machine), 3.7e-6
+//! after the vectorised GELU and on an AMD EPYC machine (2026-12-07). The bound
+//! keeps a margin of 5 over the larger, for other CPUs' summation orders.
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -36,7 +40,7 @@ fn int_tensor(rows: &[Vec<i64>], device: &burn::tensor::Device<Flex>) -> Tensor<
 }
 
 #[test]
-fn minilm_hidden_states_match_transformers_within_1e_4() {
+fn minilm_hidden_states_match_transformers_within_2e_5() {
     let dir = assets().join("minilm");
     let fixture: Fixture = serde_json::from_str(include_str!("fixtures/minilm_reference.json"))
         .expect("the committed fixture parses");
@@ -75,5 +79,9 @@ fn minilm_hidden_states_match_transformers_within_1e_4() {
         }
     }
     assert!(compared > 5000, "{compared}");
-    assert!(max_diff <= 1e-4, "max abs difference {max_diff} over {compared} values");
+    // The figure the README quotes: `cargo test -p drove-bert --test parity -- --nocapture`.
+    println!(
+        "MiniLM hidden states: max abs difference from transformers {max_diff:.2e} over {compared} values"
+    );
+    assert!(max_diff <= 2e-5, "max abs difference {max_diff} over {compared} values");
 }
