@@ -528,12 +528,36 @@ def relative_difference(a, b):
     return diff / scale if scale else float("inf")
 
 
+# The losses and gradient norms of two runs' steps may lie this far apart
+# (relative): the order of the sums moves them by far less, and a gradient of
+# the wrong scale (a sum for an average, a lost 1/world) by a half or more.
+SCALE_BOUND = 1e-4
+
+
+def scale_difference(a, b):
+    """The largest relative difference between two runs' `step_scales` (each
+    step's global loss and gradient norm before clipping, from `--json`'s
+    summary), which see a gradient's scale where the parameters after clipping
+    and AdamW do not."""
+    if not a or not b or len(a) != len(b):
+        raise ValueError(f"the runs report {len(a or [])} and {len(b or [])} steps' scales")
+    worst = 0.0
+    for x, y in zip(a, b):
+        for key in ("global_loss", "grad_norm"):
+            p, q = float(x[key]), float(y[key])
+            if not (p > 0 and q > 0):
+                raise ValueError(f"step {x.get('step')}: {key} {p} and {q} are not both positive")
+            worst = max(worst, abs(p - q) / max(p, q))
+    return worst
+
+
 def train_equivalence(report, drove, data, model, env, work, world, deadline_one, deadline_many,
                       extra=(), init=(), name="train equivalence"):
     """`world` ranks on one GPU (batch 16 / world each) against world 1 (batch
     16), with the flags `extra` on both (e.g. `--gradient-path host`) and
     `init` (`--random-init` where the weights did not travel): the parameters
-    after 5 steps (16 sentences, 5 epochs) must agree within 1e-5 relative.
+    after 5 steps (16 sentences, 5 epochs) must agree within 1e-5 relative,
+    and every step's loss and gradient norm within SCALE_BOUND.
     `deadline_one()` and `deadline_many()` give each run's seconds when it starts."""
     small = ["train", "ner", "--device", "cuda:0", "--data", data, "--model", model, "--max-train-sentences", "16",
              "--epochs", "5", "--dropout", "0", "--eval", "", "--lr-scaling", "none", "--lr", "1e-3",
@@ -560,6 +584,14 @@ def train_equivalence(report, drove, data, model, env, work, world, deadline_one
                 report.error(name, f"world {world} differs from world 1 by {d:e} (relative) after 5 steps")
         except (OSError, ValueError, KeyError) as e:
             report.error(name, f"comparing the checkpoints: {e}")
+        try:
+            s = scale_difference(result["world1"].get("step_scales"), result[f"world{world}"].get("step_scales"))
+            result["scale_difference"] = s
+            result["scale_within_bound"] = s < SCALE_BOUND
+            if s >= SCALE_BOUND:
+                report.error(name, f"world {world}'s losses or gradient norms differ from world 1's by {s:e}")
+        except (ValueError, KeyError, TypeError) as e:
+            report.error(name, f"comparing the steps' losses and gradient norms: {e}")
     return result
 
 

@@ -159,6 +159,17 @@ class ReadingOutput(unittest.TestCase):
                 with self.assertRaises(ValueError):
                     gpu_check.relative_difference(a, {"w": a["w"]})
 
+    def test_step_scales_compare_relative_and_see_a_doubled_gradient(self):
+        a = [{"step": 1, "global_loss": 2.0, "grad_norm": 4.0}, {"step": 2, "global_loss": 1.0, "grad_norm": 3.0}]
+        b = [{"step": 1, "global_loss": 2.0, "grad_norm": 4.0004}, {"step": 2, "global_loss": 1.0, "grad_norm": 3.0}]
+        self.assertAlmostEqual(gpu_check.scale_difference(a, b), 0.0004 / 4.0004, places=9)
+        doubled = [dict(x, grad_norm=2 * x["grad_norm"]) for x in a]
+        self.assertAlmostEqual(gpu_check.scale_difference(a, doubled), 0.5)
+        self.assertGreater(gpu_check.scale_difference(a, doubled), gpu_check.SCALE_BOUND)
+        for bad in (None, [], a[:1], [dict(a[0], grad_norm=None), a[1]]):
+            with self.assertRaises((ValueError, TypeError)):
+                gpu_check.scale_difference(a, bad)
+
 
 class Budget(unittest.TestCase):
     PLAN = (("a", 100, 40), ("b", 60, 20), ("c", 30, 10))

@@ -99,6 +99,11 @@ struct Args {
     /// The rank --fail-at-step kills.
     #[arg(long, default_value_t = 0)]
     rank_to_fail: usize,
+    /// Write each applied step's global loss and gradient norm before
+    /// clipping to this file (rank 0), one JSON line a step: what shows a
+    /// gradient's scale, which the parameters after AdamW do not.
+    #[arg(long, value_name = "FILE")]
+    scales: Option<PathBuf>,
 }
 
 /// Where the loop stands, saved with each checkpoint.
@@ -159,6 +164,7 @@ fn train(args: &Args, launched: &Launched) -> anyhow::Result<()> {
     }
     let total = args.steps as u64;
     let mut loss = f64::NAN;
+    let mut scales = String::new();
     while replica.steps() < total {
         let step = replica.steps() as usize;
         for pass in 0..args.passes {
@@ -173,6 +179,11 @@ fn train(args: &Args, launched: &Launched) -> anyhow::Result<()> {
                 MseLoss::new().forward(model.forward(x), y, Reduction::Mean)
             })?;
             loss = outcome.global_loss.unwrap_or(loss);
+            if let (true, Some(norm)) = (outcome.applied, outcome.grad_norm) {
+                let line =
+                    serde_json::json!({ "step": outcome.step, "global_loss": loss, "grad_norm": norm });
+                scales.push_str(&format!("{line}\n"));
+            }
         }
         let done = replica.steps();
         launched.record(done, drove_launch::metric_names::LOSS, loss);
@@ -202,6 +213,9 @@ fn train(args: &Args, launched: &Launched) -> anyhow::Result<()> {
     }
     if let Some(dir) = &args.save {
         replica.save(dir, &LoopState { steps: total }, &[], 1)?;
+    }
+    if let (0, Some(path)) = (rank, &args.scales) {
+        std::fs::write(path, scales).map_err(|e| anyhow::anyhow!("--scales {}: {e}", path.display()))?;
     }
     Ok(())
 }

@@ -34,6 +34,19 @@ pub enum NerError {
     /// Bad settings.
     #[error("invalid option: {0}")]
     Options(String),
+    /// `--max-len` is longer than the model's position table.
+    #[error(
+        "--max-len {max_len} is longer than the model's position table: {path} gives \
+         max_position_embeddings {positions}; use --max-len {positions} or less (longer sentences are truncated)"
+    )]
+    MaxLen {
+        /// The `--max-len` asked for.
+        max_len: usize,
+        /// The positions the model has.
+        positions: usize,
+        /// Its `config.json`.
+        path: PathBuf,
+    },
     /// The loader failed.
     #[error(transparent)]
     Loader(#[from] drove_collate::LoaderError),

@@ -22,7 +22,7 @@ use crate::diagnose::{diagnose, diagnosed_parameter};
 use crate::eval::evaluate;
 use crate::model::{load_encoder, loss};
 use crate::options::{check_options, replica_options};
-use crate::summary::Totals;
+use crate::summary::{StepScale, Totals};
 use crate::trace::{SampleTrace, TraceLine, mask_hash};
 use crate::{EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport};
 
@@ -88,6 +88,8 @@ fn fit_ner<B: AutodiffBackend>(
 ) -> Result<NerSummary, NerError> {
     let (rank, world) = (comm.rank(), comm.world_size());
     check_options(opts)?;
+    // Before the data is read and tokenized: a bad --max-len is named at once.
+    crate::model::read_config(opts)?;
     let opts =
         &NerOptions { bucket_window: Some(opts.bucket_window_for(elastic.is_some())?), ..opts.clone() };
     let data = NerData::load(opts)?;
@@ -337,6 +339,11 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
 
         let dt = t0.elapsed().as_secs_f64();
         self.totals.add(dt, (batch.batch_size * world) as u64, counts[1] as u64);
+        self.totals.step_scales.push(StepScale {
+            step,
+            global_loss: outcome.global_loss.unwrap_or(f64::NAN),
+            grad_norm: outcome.grad_norm.unwrap_or(f64::NAN),
+        });
         // The loss is scaled for the global batch; report this rank's mean.
         self.observer.step(&StepReport {
             step,

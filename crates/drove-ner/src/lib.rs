@@ -86,5 +86,5 @@ pub use metrics::MetricsObserver;
 pub use model::load_model;
 pub use observer::{DiagnoseReport, Observer, Quiet, ReformReport, StepReport};
 pub use options::{DEFAULT_BUCKET_WINDOW, MaskAlarm, NerOptions};
-pub use summary::NerSummary;
+pub use summary::{NerSummary, StepScale};
 pub use trace::{TraceLine, mask_hash};

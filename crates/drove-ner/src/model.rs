@@ -18,16 +18,11 @@ pub fn load_model<B: Backend>(
     labels: usize,
     device: &B::Device,
 ) -> Result<(BertForTokenClassification<B>, drove_bert::LoadReport), NerError> {
+    let config = read_config(opts)?;
     let config_path = opts.model.join("config.json");
-    require("model config", &config_path, FETCH_HINT)?;
     let weights = opts.model.join("model.safetensors");
     if !opts.random_init {
         require("model weights", &weights, FETCH_HINT)?;
-    }
-    let mut config = BertConfig::from_file(&config_path)?;
-    if let Some(p) = opts.dropout {
-        config.hidden_dropout_prob = p;
-        config.attention_probs_dropout_prob = p;
     }
     let mut model = initialised::<B>(&config, labels, opts.seed, device)?;
     if opts.random_init {
@@ -45,6 +40,27 @@ pub fn load_model<B: Backend>(
         other => other,
     })?;
     Ok((model, report))
+}
+
+/// Reads `config.json` with the dropout override, and refuses a `--max-len`
+/// longer than its position table: a token past it would read outside the
+/// table (a panic on the CPU, an out-of-bounds read on a GPU).
+pub(crate) fn read_config(opts: &NerOptions) -> Result<BertConfig, NerError> {
+    let path = opts.model.join("config.json");
+    require("model config", &path, FETCH_HINT)?;
+    let mut config = BertConfig::from_file(&path)?;
+    if let Some(p) = opts.dropout {
+        config.hidden_dropout_prob = p;
+        config.attention_probs_dropout_prob = p;
+    }
+    if opts.max_len > config.max_position_embeddings {
+        return Err(NerError::MaxLen {
+            max_len: opts.max_len,
+            positions: config.max_position_embeddings,
+            path,
+        });
+    }
+    Ok(config)
 }
 
 /// A token classifier with its initial parameters drawn on the CPU (flex)

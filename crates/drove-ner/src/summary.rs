@@ -32,6 +32,21 @@ pub struct NerSummary {
     pub train_seconds: f64,
     /// The last checkpoint written.
     pub checkpoint: Option<PathBuf>,
+    /// Each step this process applied: its global loss and gradient norm,
+    /// which show the gradient's scale (the parameters after clipping and
+    /// AdamW do not), the same at any world size and micro-batch split.
+    pub step_scales: Vec<StepScale>,
+}
+
+/// What one applied step's gradient was, across all ranks.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepScale {
+    /// The optimizer step (1-based).
+    pub step: u64,
+    /// The global batch's mean token loss.
+    pub global_loss: f64,
+    /// The global norm of the averaged gradients before clipping.
+    pub grad_norm: f64,
 }
 
 /// Throughput and diagnostics over this process's steps.
@@ -39,6 +54,7 @@ pub(crate) struct Totals {
     pub(crate) agreement: AgreementAccumulator,
     pub(crate) cosines: Vec<f64>,
     pub(crate) alarm: Option<String>,
+    pub(crate) step_scales: Vec<StepScale>,
     sentences: u64,
     tokens: u64,
     seconds: f64,
@@ -50,6 +66,7 @@ impl Totals {
             agreement: AgreementAccumulator::new(world, mask_probability),
             cosines: Vec::new(),
             alarm: None,
+            step_scales: Vec::new(),
             sentences: 0,
             tokens: 0,
             seconds: 0.0,
@@ -84,6 +101,7 @@ impl Totals {
             tokens_per_s: per_s(self.tokens),
             train_seconds: self.seconds,
             checkpoint,
+            step_scales: self.step_scales,
         }
     }
 }

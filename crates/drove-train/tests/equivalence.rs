@@ -1,6 +1,9 @@
 //! Gradient averaging is exact: 2 ranks x batch 8 reach the same parameters
 //! after 5 AdamW steps as 1 rank x batch 16 over the same 16 sentences, on a
-//! small token classifier (`support::Tagger`).
+//! small token classifier (`support::Tagger`), and the averaged gradients have
+//! the single rank's norm at every step (AdamW divides a uniform scale out of
+//! the update, so the parameters alone would not see a sum in place of an
+//! average).
 //! The ranks here are threads with their own communicators (over shared memory or
 //! TCP); the multi-process version runs under `drove run` with the trainer.
 use burn::backend::{Autodiff, Flex};
@@ -41,8 +44,29 @@ fn params(model: &Tagger<B>) -> Vec<f32> {
     c.0
 }
 
-/// Five AdamW steps on sentences `rows` (each rank its own), averaging gradients.
-fn train<C: Collective + ?Sized>(mut model: Tagger<B>, comm: &C, rows: std::ops::Range<usize>) -> Tagger<B> {
+/// The global norm of `grads`, the gradients of `model`'s parameters.
+fn grad_norm(model: &Tagger<B>, grads: &GradientsParams) -> f64 {
+    struct Norm<'a>(&'a GradientsParams, f64);
+    impl ModuleVisitor<B> for Norm<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.0.get::<Flex, D>(p.id) {
+                self.1 +=
+                    g.into_data().to_vec::<f32>().unwrap().iter().map(|&x| f64::from(x).powi(2)).sum::<f64>();
+            }
+        }
+    }
+    let mut n = Norm(grads, 0.0);
+    model.visit(&mut n);
+    n.1.sqrt()
+}
+
+/// Five AdamW steps on sentences `rows` (each rank its own), averaging
+/// gradients; returns the model and each step's averaged gradients' norm.
+fn train<C: Collective + ?Sized>(
+    mut model: Tagger<B>,
+    comm: &C,
+    rows: std::ops::Range<usize>,
+) -> (Tagger<B>, Vec<f64>) {
     let device = Default::default();
     model = broadcast_parameters(model, comm, 0, &device).unwrap();
     let (ids, labels) = data();
@@ -57,14 +81,16 @@ fn train<C: Collective + ?Sized>(mut model: Tagger<B>, comm: &C, rows: std::ops:
     );
     let mut optim = AdamWConfig::new().with_weight_decay(0.01).init::<B, Tagger<B>>();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let mut norms = Vec::new();
     for _ in 0..5 {
         let logits = model.forward(ids.clone());
         let loss = loss_fn.forward(logits.reshape([n * SEQ, LABELS]), targets.clone());
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         all_reduce_gradients(&model, &mut grads, comm, FusionOptions::default(), &device).unwrap();
+        norms.push(grad_norm(&model, &grads));
         model = optim.step(1e-3, model, grads);
     }
-    model
+    (model, norms)
 }
 
 fn relative_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -78,7 +104,8 @@ fn two_ranks_of_batch_8_equal_one_rank_of_batch_16() {
     let device = Default::default();
     let initial = tagger::<B>(&device);
     let before = params(&initial);
-    let single = params(&train(initial.clone(), &SingleProcess, 0..16));
+    let (single, single_norms) = train(initial.clone(), &SingleProcess, 0..16);
+    let single = params(&single);
     assert_eq!(relative_diff(&before, &params(&initial)), 0.0, "training a clone left the original alone");
 
     let ranks: Vec<_> = LocalWorld::new(2)
@@ -88,13 +115,24 @@ fn two_ranks_of_batch_8_equal_one_rank_of_batch_16() {
         .map(|(rank, comm)| {
             // Rank 1 starts from other random weights: the broadcast must fix that.
             let model = if rank == 0 { initial.clone() } else { tagger::<B>(&device) };
-            std::thread::spawn(move || params(&train(model, &comm, rank * 8..rank * 8 + 8)))
+            std::thread::spawn(move || {
+                let (model, norms) = train(model, &comm, rank * 8..rank * 8 + 8);
+                (params(&model), norms)
+            })
         })
         .collect();
-    let results: Vec<Vec<f32>> = ranks.into_iter().map(|h| h.join().expect("rank thread")).collect();
+    let (results, norms): (Vec<Vec<f32>>, Vec<Vec<f64>>) =
+        ranks.into_iter().map(|h| h.join().expect("rank thread")).unzip();
+    for (rank, norms) in norms.iter().enumerate() {
+        for (step, (a, b)) in single_norms.iter().zip(norms).enumerate() {
+            let d = (a - b).abs() / a.max(*b);
+            assert!(d <= 1e-5, "rank {rank}, step {step}: gradient norm {b} of 2 x 8 against {a} of 1 x 16");
+        }
+    }
     assert_eq!(relative_diff(&results[0], &results[1]), 0.0, "ranks must hold identical parameters");
     let d = relative_diff(&single, &results[0]);
     assert!(d <= 1e-5, "2 x 8 differs from 1 x 16 by {d} (relative max)");
     // And training moved the parameters at all.
     assert!(relative_diff(&single, &params(&initial)) > 1e-4);
+    assert!(single_norms.iter().all(|&n| n > 0.0), "{single_norms:?}");
 }

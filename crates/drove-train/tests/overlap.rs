@@ -147,16 +147,18 @@ fn timelines(model: Model, opts: ReplicaOptions, steps: usize) -> Vec<Vec<drove_
     handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
 }
 
-/// `steps` steps of `replica` on rank `rank`'s rows; returns the hooked
-/// parameter count it reports.
-fn train(replica: &mut Replica<'_, B, Model>, rank: usize, steps: usize) {
+/// `steps` steps of `replica` on rank `rank`'s rows; returns the bits of each
+/// applied step's global loss and gradient norm before clipping, which see a
+/// gradient's scale where the parameters after clipping and AdamW do not.
+fn train(replica: &mut Replica<'_, B, Model>, rank: usize, steps: usize) -> Vec<(u64, u64)> {
     let device = Default::default();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let passes = replica.options().backward_passes_per_step;
+    let mut scales = Vec::new();
     for step in 0..steps {
         for pass in 0..passes {
             let batch = rows((step * passes + pass) as u64 * 31 + rank as u64, 8);
-            replica
+            let outcome = replica
                 .step(&batch, |model: &Model, micro| {
                     let (r, n) = (&micro.rows, micro.rows.len());
                     let ids = TensorData::new(micro.batch.ids[r.start * SEQ..r.end * SEQ].to_vec(), [n, SEQ]);
@@ -167,13 +169,21 @@ fn train(replica: &mut Replica<'_, B, Model>, rank: usize, steps: usize) {
                     loss_fn.forward(model.forward(ids).reshape([n * SEQ, LABELS]), targets)
                 })
                 .unwrap();
+            if outcome.applied {
+                scales.push((outcome.global_loss.unwrap().to_bits(), outcome.grad_norm.unwrap().to_bits()));
+            }
         }
     }
+    scales
 }
 
-/// Every rank's parameters after `steps` steps with `opts`, and what each
-/// replica said of its overlap.
-fn run(world: usize, opts: ReplicaOptions, steps: usize) -> Vec<(Vec<u32>, (bool, usize))> {
+/// What one rank ends with: its parameters' bits, what its replica said of its
+/// overlap, and the bits of each step's global loss and gradient norm.
+type Ended = (Vec<u32>, (bool, usize), Vec<(u64, u64)>);
+
+/// Every rank's parameters after `steps` steps with `opts`, what each replica
+/// said of its overlap, and each step's loss and gradient norm.
+fn run(world: usize, opts: ReplicaOptions, steps: usize) -> Vec<Ended> {
     let handles: Vec<_> = LocalWorld::new(world)
         .unwrap()
         .into_iter()
@@ -182,8 +192,8 @@ fn run(world: usize, opts: ReplicaOptions, steps: usize) -> Vec<(Vec<u32>, (bool
             let opts = opts.clone();
             std::thread::spawn(move || {
                 let mut replica = Replica::new(initial(), &comm, opts, &Default::default()).unwrap();
-                train(&mut replica, rank, steps);
-                (bits(replica.model()), replica.overlapping())
+                let scales = train(&mut replica, rank, steps);
+                (bits(replica.model()), replica.overlapping(), scales)
             })
         })
         .collect();
@@ -202,7 +212,12 @@ fn overlapped_steps_give_the_same_parameters_bit_for_bit_at_2_and_3_ranks() {
                 let (on, hooked) = overlapped[0].1;
                 assert!(on && hooked >= 8, "{what}: overlap on with {hooked} hooked parameters");
                 assert_eq!(plain[0].1, (false, 0), "{what}: overlap off");
-                for (rank, (params, _)) in overlapped.iter().enumerate() {
+                for (rank, (params, _, scales)) in overlapped.iter().enumerate() {
+                    assert_eq!(scales.len(), steps, "{what}: rank {rank}: every step applied");
+                    assert_eq!(
+                        scales, &plain[0].2,
+                        "{what}: rank {rank}: the loss and gradient norm (bits) of the plain step"
+                    );
                     let differ = params.iter().zip(&plain[0].0).filter(|(a, b)| a != b).count();
                     assert_eq!(
                         differ,
@@ -265,7 +280,11 @@ fn the_embedding_sent_as_its_rows_gives_the_dense_parameters_bit_for_bit() {
                     ReplicaOptions { sparse_rows: rows.clone(), ..options(placement, overlap, 2, 1) },
                     3,
                 );
-                for (rank, (params, _)) in sparse.iter().enumerate() {
+                for (rank, (params, _, scales)) in sparse.iter().enumerate() {
+                    assert_eq!(
+                        scales, &dense[0].2,
+                        "{what}, overlap {overlap}: rank {rank}: the loss and gradient norm (bits) of dense"
+                    );
                     let differ = params.iter().zip(&dense[0].0).filter(|(a, b)| a != b).count();
                     assert_eq!(
                         differ, 0,

@@ -81,13 +81,22 @@ struct Plan {
     first: usize,
 }
 
+/// What an applied step reports that sees the gradient's scale, where the
+/// parameters after clipping and AdamW cannot (both map g and 2g to one
+/// update): the global loss and the global gradient norm before clipping.
+#[derive(Clone, Copy, Debug)]
+struct Scale {
+    loss: f64,
+    grad_norm: f64,
+}
+
 /// `steps` steps (from `from`) of `replica`, each of its passes over `plan.rows`
-/// rows of the step's 16; returns the last outcome's global loss.
-fn train(replica: &mut Replica<'_, B, Model>, plan: Plan, from: usize, steps: usize) -> f64 {
+/// rows of the step's 16; returns each applied step's [`Scale`].
+fn train(replica: &mut Replica<'_, B, Model>, plan: Plan, from: usize, steps: usize) -> Vec<Scale> {
     let device = Default::default();
     let passes = replica.options().backward_passes_per_step;
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
-    let mut last = f64::NAN;
+    let mut scales = Vec::new();
     for step in from..from + steps {
         for pass in 0..passes {
             let rows = Rows::of_step(step, plan.first + pass * plan.rows, plan.rows);
@@ -105,12 +114,30 @@ fn train(replica: &mut Replica<'_, B, Model>, plan: Plan, from: usize, steps: us
                 .unwrap();
             assert_eq!(outcome.applied, pass + 1 == passes, "applied only after the last pass");
             if outcome.applied {
-                last = outcome.global_loss.unwrap();
-                assert!(outcome.grad_norm.unwrap() > 0.0 && outcome.lr.is_some());
+                let scale =
+                    Scale { loss: outcome.global_loss.unwrap(), grad_norm: outcome.grad_norm.unwrap() };
+                assert!(scale.grad_norm > 0.0 && scale.loss > 0.0 && outcome.lr.is_some());
+                scales.push(scale);
             }
         }
     }
-    last
+    scales
+}
+
+/// The largest relative difference between two runs' losses and gradient
+/// norms, step by step: 1.0 for a gradient doubled or halved.
+fn scale_diff(a: &[Scale], b: &[Scale]) -> f64 {
+    assert_eq!(a.len(), b.len(), "as many applied steps");
+    let rel = |x: f64, y: f64| (x - y).abs() / x.abs().max(y.abs()).max(1e-12);
+    a.iter().zip(b).map(|(a, b)| rel(a.loss, b.loss).max(rel(a.grad_norm, b.grad_norm))).fold(0.0, f64::max)
+}
+
+/// Asserts that two runs took steps of one scale: the same global loss and
+/// gradient norm before clipping at every step (within the order of the sums).
+fn assert_same_scale(what: &str, a: &[Scale], b: &[Scale]) {
+    let d = scale_diff(a, b);
+    eprintln!("{what}: loss and gradient norm differ by {d:e}");
+    assert!(d <= 1e-5, "{what}: loss or gradient norm differ by {d} (relative max): {a:?} vs {b:?}");
 }
 
 fn relative_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -141,12 +168,13 @@ fn initial() -> Model {
     weights.write(fresh, &device)
 }
 
-/// Five steps alone over all 16 rows per step, with `opts`.
-fn alone(opts: ReplicaOptions) -> Vec<f32> {
+/// Five steps alone over all 16 rows per step, with `opts`: the parameters
+/// and each step's [`Scale`].
+fn alone(opts: ReplicaOptions) -> (Vec<f32>, Vec<Scale>) {
     let mut replica = Replica::new(initial(), &SingleProcess, opts, &Default::default()).unwrap();
-    train(&mut replica, Plan { rows: ROWS, first: 0 }, 0, 5);
+    let scales = train(&mut replica, Plan { rows: ROWS, first: 0 }, 0, 5);
     assert_eq!(replica.steps(), 5);
-    params(replica.model())
+    (params(replica.model()), scales)
 }
 
 /// Runs `work(rank, comm)` on `world` thread ranks of one in-process world.
@@ -169,20 +197,30 @@ fn world<T: Send + 'static>(
 
 #[test]
 fn two_ranks_of_8_take_the_step_of_one_of_16_in_both_placements() {
-    let moved = relative_diff(&alone(options(Placement::Host)), &params(&initial()));
+    let moved = relative_diff(&alone(options(Placement::Host)).0, &params(&initial()));
     assert!(moved > 1e-4, "training moved the parameters by only {moved}");
     for placement in [Placement::Host, Placement::Backend] {
-        let single = alone(options(placement));
+        let (single, scales) = alone(options(placement));
         let ranks = world(2, move |rank, comm| {
             // Rank 1 starts from other random weights: the broadcast must fix that.
             let model = if rank == 0 { initial() } else { tagger(&Default::default()) };
             let opts = ReplicaOptions { lr: 1e-3 / 2.0, ..options(placement) }; // linear scaling doubles it
             let mut replica = Replica::new(model, comm, opts, &Default::default()).unwrap();
-            train(&mut replica, Plan { rows: 8, first: rank * 8 }, 0, 5);
-            params(replica.model())
+            let scales = train(&mut replica, Plan { rows: 8, first: rank * 8 }, 0, 5);
+            (params(replica.model()), scales)
         });
-        assert_eq!(relative_diff(&ranks[0], &ranks[1]), 0.0, "{placement}: ranks hold identical parameters");
-        let d = relative_diff(&single, &ranks[0]);
+        // The parameters cannot see a uniform scale of the gradient once
+        // clipping and AdamW divide it out; the loss and the norm before
+        // clipping can.
+        for (rank, (_, trail)) in ranks.iter().enumerate() {
+            assert_same_scale(&format!("{placement}: rank {rank} of 2 x 8 vs 1 x 16"), &scales, trail);
+        }
+        assert_eq!(
+            relative_diff(&ranks[0].0, &ranks[1].0),
+            0.0,
+            "{placement}: ranks hold identical parameters"
+        );
+        let d = relative_diff(&single, &ranks[0].0);
         eprintln!("{placement}: 2 x 8 vs 1 x 16: {d:e}");
         assert!(d <= 1e-5, "{placement}: 2 x 8 differs from 1 x 16 by {d} (relative max)");
     }
@@ -190,7 +228,9 @@ fn two_ranks_of_8_take_the_step_of_one_of_16_in_both_placements() {
 
 #[test]
 fn host_and_backend_placements_take_the_same_steps() {
-    let (host, backend) = (alone(options(Placement::Host)), alone(options(Placement::Backend)));
+    let ((host, host_scales), (backend, backend_scales)) =
+        (alone(options(Placement::Host)), alone(options(Placement::Backend)));
+    assert_same_scale("host vs backend", &host_scales, &backend_scales);
     let d = relative_diff(&host, &backend);
     eprintln!("host vs backend: {d:e}");
     assert!(d <= 1e-5, "host and backend placements differ by {d} after 5 steps");
@@ -206,11 +246,12 @@ fn host_and_backend_placements_take_the_same_steps() {
 #[test]
 fn two_backward_passes_of_8_equal_one_of_16() {
     for placement in [Placement::Host, Placement::Backend] {
-        let whole = alone(options(placement));
+        let (whole, scales) = alone(options(placement));
         let opts = ReplicaOptions { backward_passes_per_step: 2, ..options(placement) };
         let mut replica = Replica::new(initial(), &SingleProcess, opts, &Default::default()).unwrap();
-        train(&mut replica, Plan { rows: 8, first: 0 }, 0, 5);
+        let passes = train(&mut replica, Plan { rows: 8, first: 0 }, 0, 5);
         assert_eq!(replica.steps(), 5, "two passes make one step");
+        assert_same_scale(&format!("{placement}: 2 passes x 8 vs 1 x 16"), &scales, &passes);
         let d = relative_diff(&whole, &params(replica.model()));
         eprintln!("{placement}: 2 passes x 8 vs 1 x 16: {d:e}");
         assert!(d <= 1e-5, "{placement}: 2 passes x 8 differ from 1 x 16 by {d}");
@@ -220,8 +261,9 @@ fn two_backward_passes_of_8_equal_one_of_16() {
 #[test]
 fn micro_batches_sum_to_the_whole_batch() {
     for placement in [Placement::Host, Placement::Backend] {
-        let whole = alone(options(placement));
-        let split = alone(ReplicaOptions { micro_batches: 3, ..options(placement) });
+        let (whole, scales) = alone(options(placement));
+        let (split, split_scales) = alone(ReplicaOptions { micro_batches: 3, ..options(placement) });
+        assert_same_scale(&format!("{placement}: 3 micro-batches vs 1"), &scales, &split_scales);
         let d = relative_diff(&whole, &split);
         eprintln!("{placement}: 3 micro-batches vs 1: {d:e}");
         assert!(d <= 1e-5, "{placement}: 3 micro-batches differ from 1 by {d}");
@@ -248,7 +290,7 @@ fn resumed(first: Placement, then: Placement, dir: &Path) -> Vec<f32> {
 
 #[test]
 fn a_checkpoint_resumes_the_run_in_either_placement() {
-    let straight = alone(options(Placement::Host));
+    let (straight, _) = alone(options(Placement::Host));
     for (first, then) in [
         (Placement::Host, Placement::Host),
         (Placement::Backend, Placement::Backend),

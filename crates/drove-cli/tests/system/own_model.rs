@@ -47,6 +47,27 @@ fn losses(stdout: &str) -> Vec<f64> {
         .collect()
 }
 
+/// Each applied step's (global loss, gradient norm before clipping) that the
+/// example wrote with `--scales`.
+fn scales(path: &str) -> Vec<(f64, f64)> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["global_loss"].as_f64().unwrap(), v["grad_norm"].as_f64().unwrap())
+        })
+        .collect()
+}
+
+/// The largest relative difference between two runs' losses and gradient
+/// norms, step by step (1.0 for a gradient doubled or halved).
+fn scale_difference(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
+    assert_eq!(a.len(), b.len(), "as many steps");
+    assert!(a.iter().all(|&(l, n)| l > 0.0 && n > 0.0), "{a:?}");
+    let rel = |x: f64, y: f64| (x - y).abs() / x.abs().max(y.abs());
+    a.iter().zip(b).map(|(p, q)| rel(p.0, q.0).max(rel(p.1, q.1))).fold(0.0, f64::max)
+}
+
 #[test]
 fn the_example_trains_under_drove_run_as_the_readme_says() {
     let out = run(&mut under_run(2, own_model(&[])));
@@ -69,16 +90,26 @@ fn two_processes_of_8_equal_one_of_16_and_two_passes_of_8_in_both_placements() {
         // One rank of 16 at twice the rate of each of two ranks, which linear
         // scaling doubles: the same step.
         let one = path(&format!("one-{placement}"));
-        let out =
-            run(&mut own_model(&[&common[..], &["--rows", "16", "--lr", "0.02", "--save", &one]].concat()));
+        let trail = |run: &str| format!("{run}.scales");
+        let one_scales = trail(&one);
+        let out = run(&mut own_model(
+            &[&common[..], &["--rows", "16", "--lr", "0.02", "--save", &one, "--scales", &one_scales]]
+                .concat(),
+        ));
         assert!(out.status.success(), "{}", text(&out));
         let two = path(&format!("two-{placement}"));
-        let args = [&common[..], &["--rows", "8", "--lr", "0.01", "--save", &two]].concat();
+        let two_scales = trail(&two);
+        let args =
+            [&common[..], &["--rows", "8", "--lr", "0.01", "--save", &two, "--scales", &two_scales]].concat();
         let out = run(&mut under_run(2, own_model(&args)));
         assert!(out.status.success(), "{}", text(&out));
         let passes = path(&format!("passes-{placement}"));
-        let args =
-            [&common[..], &["--rows", "8", "--passes", "2", "--lr", "0.02", "--save", &passes]].concat();
+        let passes_scales = trail(&passes);
+        let args = [
+            &common[..],
+            &["--rows", "8", "--passes", "2", "--lr", "0.02", "--save", &passes, "--scales", &passes_scales],
+        ]
+        .concat();
         let out = run(&mut own_model(&args));
         assert!(out.status.success(), "{}", text(&out));
         let (a, b, c) =
@@ -87,6 +118,20 @@ fn two_processes_of_8_equal_one_of_16_and_two_passes_of_8_in_both_placements() {
         eprintln!("{placement}: 2x8 vs 1x16 {d2:e}; 2 passes x 8 vs 1x16 {dp:e}");
         assert!(d2 < 1e-5, "{placement}: 2 processes x 8 differ from 1 x 16 by {d2}");
         assert!(dp < 1e-5, "{placement}: 2 passes x 8 differ from 1 pass x 16 by {dp}");
+        // The parameters after AdamW cannot see a gradient's scale (a sum in
+        // place of an average, a lost 1/passes); the loss and the norm can.
+        let (s1, s2, sp) = (scales(&one_scales), scales(&two_scales), scales(&passes_scales));
+        assert_eq!(s1.len(), 5);
+        let (e2, ep) = (scale_difference(&s1, &s2), scale_difference(&s1, &sp));
+        eprintln!("{placement}: loss and gradient norm: 2x8 vs 1x16 {e2:e}; 2 passes {ep:e}");
+        assert!(
+            e2 < 1e-5,
+            "{placement}: 2 processes x 8: loss or gradient norm differ by {e2}: {s1:?} vs {s2:?}"
+        );
+        assert!(
+            ep < 1e-5,
+            "{placement}: 2 passes x 8: loss or gradient norm differ by {ep}: {s1:?} vs {sp:?}"
+        );
         alone.push(a);
     }
     let d = relative_difference(&alone[0], &alone[1]);

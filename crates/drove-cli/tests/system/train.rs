@@ -37,6 +37,27 @@ fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join("summary.json")).expect("summary.json")).unwrap()
 }
 
+/// Each applied step's (global loss, gradient norm before clipping), from
+/// `summary.json`: they see the gradient's scale, which the parameters after
+/// clipping and AdamW do not (g and 2g give one update).
+fn scales(dir: &Path) -> Vec<(f64, f64)> {
+    let steps = summary(dir)["step_scales"].as_array().expect("step_scales in summary.json").clone();
+    let value = |s: &serde_json::Value, k: &str| s[k].as_f64().unwrap_or_else(|| panic!("{k} in {s}"));
+    steps.iter().map(|s| (value(s, "global_loss"), value(s, "grad_norm"))).collect()
+}
+
+/// Asserts two runs took steps of one scale: at every step the same global
+/// loss and gradient norm, within the order of the sums.
+fn assert_same_scale(what: &str, a: &Path, b: &Path) {
+    let (a, b) = (scales(a), scales(b));
+    assert_eq!(a.len(), b.len(), "{what}: as many steps");
+    let rel = |x: f64, y: f64| (x - y).abs() / x.abs().max(y.abs()).max(1e-12);
+    let d = a.iter().zip(&b).map(|(p, q)| rel(p.0, q.0).max(rel(p.1, q.1))).fold(0.0, f64::max);
+    eprintln!("{what}: loss and gradient norm differ by {d:e}");
+    assert!(d < 1e-5, "{what}: loss or gradient norm differ by {d} (relative): {a:?} vs {b:?}");
+    assert!(a.iter().all(|&(l, n)| l > 0.0 && n > 0.0), "{what}: {a:?}");
+}
+
 const SMALL: &[&str] = &["--max-train-sentences", "16", "--epochs", "5", "--dropout", "0", "--eval", ""];
 
 #[test]
@@ -56,11 +77,17 @@ fn two_processes_of_8_equal_one_of_16_in_both_placements() {
         let (a, b) = (read_model(&one), read_model(&two));
         assert_eq!(summary(&one)["steps"], 5);
         assert_eq!(summary(&two)["steps"], 5);
+        assert_same_scale(&format!("{placement}: 2x8 vs 1x16"), &one, &two);
         let d = relative_difference(&a, &b);
         eprintln!("{placement}: 2x8 vs 1x16: {d:e}");
         assert!(d < 1e-5, "{placement}: parameters differ by {d} (relative) after 5 steps");
         alone.push(a);
     }
+    assert_same_scale(
+        "host vs backend placement",
+        &dir.path().join("one-host"),
+        &dir.path().join("one-backend"),
+    );
     let d = relative_difference(&alone[0], &alone[1]);
     eprintln!("host vs backend placement: {d:e}");
     assert!(d < 1e-5, "the host and backend placements differ by {d} (relative) after 5 steps");
@@ -105,6 +132,7 @@ fn micro_batches_take_the_step_of_the_whole_batch_dropout_and_all() {
         run(train(&split, &[&common[..], &["--micro-batches", "3"]].concat()).env("RAYON_NUM_THREADS", "2"));
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(summary(&split)["steps"], 5);
+    assert_same_scale("1 vs 3 micro-batches", &whole, &split);
     let (a, b) = (read_model(&whole), read_model(&split));
     let d = relative_difference(&a, &b);
     assert!(d < 1e-5, "parameters differ by {d} (relative) after 5 steps");
@@ -220,6 +248,49 @@ fn a_test_label_never_seen_in_training_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("test.txt:3") && err.contains("B-LOC") && err.contains("never seen"), "{err}");
+}
+
+/// A training set of one sentence of 600 single-token words, 602 tokens with
+/// [CLS] and [SEP]: longer than MiniLM's 512 positions.
+fn long_sentence_data(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("data");
+    std::fs::create_dir(&data).unwrap();
+    let words: String =
+        (0..600).map(|i| if i % 7 == 0 { "Paris NNP B-NP B-LOC\n" } else { "the DT B-NP O\n" }).collect();
+    std::fs::write(data.join("train.txt"), words).unwrap();
+    data
+}
+
+#[test]
+fn a_max_len_past_the_position_table_is_refused_and_the_table_s_length_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = long_sentence_data(dir.path());
+    let model = assets().join("minilm");
+    let small = ["--epochs", "1", "--eval", "", "--batch-size", "1", "--workers", "1"];
+    let out = run(&mut train_on(
+        &data,
+        &model,
+        &dir.path().join("long"),
+        &[&small[..], &["--max-len", "600"]].concat(),
+    ));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "refused with an error, not a panic (101): {err}");
+    assert!(
+        err.contains("--max-len 600")
+            && err.contains("max_position_embeddings 512")
+            && err.contains("minilm/config.json")
+            && !err.contains("panicked"),
+        "{err}"
+    );
+    // At the table's length the same sentence is truncated to it and trains.
+    let out = run(&mut train_on(
+        &data,
+        &model,
+        &dir.path().join("fits"),
+        &[&small[..], &["--max-len", "512"]].concat(),
+    ));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(summary(&dir.path().join("fits"))["steps"], 1);
 }
 
 #[test]
