@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use clap::Args;
-use drove_comm::{CommError, WorldRange};
+use drove_comm::fault::{Faulty, Trigger};
+use drove_comm::{Collective, CommError, Elastic, WorldRange};
 use drove_launch::{LaunchEnv, Launched, Progress, ProgressMode, RankOutcome, Ranks, Start};
 use drove_ner::backend::{Autodiff, Flex};
 use drove_ner::{
@@ -28,6 +29,7 @@ type Backend = Autodiff<Flex>;
 /// Settings of `drove train ner`: the fine-tune's options (their flags are
 /// drove-ner's, feature `clap`), and what only the command decides.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("fault").args(["fail_at_step", "fail_in_backward"]).multiple(true)))]
 pub struct NerArgs {
     #[command(flatten)]
     options: NerOptions,
@@ -58,8 +60,16 @@ pub struct NerArgs {
     /// attempt: never when DROVE_RESTART_COUNT is above 0).
     #[arg(long, value_name = "N", hide = true)]
     fail_at_step: Option<u64>,
-    /// The rank that --fail-at-step kills.
-    #[arg(long, value_name = "R", default_value_t = 0, hide = true, requires = "fail_at_step")]
+    /// Make rank --rank-to-fail kill itself with SIGKILL in the middle of
+    /// its N-th step's backward pass: at the step's second gradient
+    /// all-reduce, the first bucket averaged on every rank and the rest not
+    /// (a test of a rank lost while buckets are in flight; with --no-overlap
+    /// the buckets go after backward). Only in the first attempt.
+    #[arg(long, value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..))]
+    fail_in_backward: Option<u64>,
+    /// The rank that --fail-at-step or --fail-in-backward kills (its rank in
+    /// the first world of an elastic run).
+    #[arg(long, value_name = "R", default_value_t = 0, hide = true, requires = "fault")]
     rank_to_fail: usize,
     /// Make rank --rank-to-stall stop for --stall-secs right after step N, its
     /// heartbeats going on (a test that a slow member is waited for, not
@@ -235,23 +245,57 @@ fn lose_device_at(step: Option<u64>, gpu: Option<&Gpu>) -> anyhow::Result<Option
     Err(anyhow!("--lose-device-at-step needs --device wgpu"))
 }
 
-/// Trains on `ranks`, on `gpu` if one was opened.
+/// Trains on `ranks`, on `gpu` if one was opened; this process killed in
+/// the backward pass of its step `killed_at` (--fail-in-backward), if set.
 fn train(
     ranks: &Ranks,
     opts: &NerOptions,
     gpu: Option<&Gpu>,
     reporter: &mut Reporter,
+    killed_at: Option<u64>,
 ) -> Result<NerSummary, NerError> {
-    match (ranks, gpu) {
-        (Ranks::Fixed(comm), None) => {
-            train_ner::<Backend>(opts, comm.as_ref(), reporter, &Default::default())
+    match ranks {
+        Ranks::Fixed(comm) => {
+            let faulty = killed_at.map(|step| killed_in_backward(comm.as_ref(), step));
+            let comm: &dyn Collective = match &faulty {
+                Some(faulty) => faulty,
+                None => comm.as_ref(),
+            };
+            match gpu {
+                None => train_ner::<Backend>(opts, comm, reporter, &Default::default()),
+                Some(gpu) => gpu.train_ner(opts, comm, reporter),
+            }
         }
-        (Ranks::Fixed(comm), Some(gpu)) => gpu.train_ner(opts, comm.as_ref(), reporter),
-        (Ranks::Elastic(comm), None) => {
-            train_ner_elastic::<Backend>(opts, comm.as_ref(), reporter, &Default::default())
+        Ranks::Elastic(comm) => {
+            let faulty = killed_at.map(|step| killed_in_backward(comm.as_ref(), step));
+            let comm: &dyn Elastic = match &faulty {
+                Some(faulty) => faulty,
+                None => comm.as_ref(),
+            };
+            match gpu {
+                None => train_ner_elastic::<Backend>(opts, comm, reporter, &Default::default()),
+                Some(gpu) => gpu.train_ner_elastic(opts, comm, reporter),
+            }
         }
-        (Ranks::Elastic(comm), Some(gpu)) => gpu.train_ner_elastic(opts, comm.as_ref(), reporter),
     }
+}
+
+/// `comm`, this process killed with SIGKILL at the second gradient op
+/// (`gradients.bucket...`) of its `step`-th step (each step starts with one
+/// `step.counts` all-reduce): with the all-reduce overlapped, in the middle
+/// of backward, the first bucket averaged on every rank (--fail-in-backward).
+fn killed_in_backward<C: Collective + ?Sized>(comm: &C, step: u64) -> Faulty<'_, C> {
+    let trigger = Trigger::named("gradients.*").nth(2).after(Trigger::named("step.counts").nth(step));
+    Faulty::new(comm, trigger).on_strike(move |comm, op| {
+        eprintln!(
+            "rank {}: killing itself with SIGKILL in the backward pass of step {step}, at {op} (--fail-in-backward)",
+            comm.rank()
+        );
+        // SAFETY: kill(2) on this process; nothing is left to clean up.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    })
 }
 
 /// How the rank's run ended, for `Launched::finish`: a member left out is no
@@ -472,7 +516,9 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
     if rank == 0 {
         record_options(&reporter, &opts, launched.world_size(), restart);
     }
-    let summary = train(launched.ranks(), &opts, gpu.as_ref(), &mut reporter);
+    // Likewise a kill in backward, of the rank of the first world it names.
+    let killed_at = args.fail_in_backward.filter(|_| restart == 0 && rank == args.rank_to_fail);
+    let summary = train(launched.ranks(), &opts, gpu.as_ref(), &mut reporter, killed_at);
     if let Some(bar) = reporter.progress.bar.take() {
         bar.finish_and_clear();
     }
