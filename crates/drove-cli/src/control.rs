@@ -47,7 +47,7 @@ impl Target {
             if !store.is_dir() {
                 anyhow::bail!("no coordinator store at {}", store.display());
             }
-            let server = drove_coordinator::serve_in_process(([127, 0, 0, 1], 0).into(), store, None)
+            let server = drove_coordinator::serve_in_process(([127, 0, 0, 1], 0).into(), store, None, None)
                 .await
                 .map_err(|e| anyhow!("opening the store {}: {e}", store.display()))?;
             return Ok((Connection::new(&server.addr().to_string(), None), Some(server)));

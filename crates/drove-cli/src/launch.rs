@@ -31,6 +31,11 @@ pub struct RunArgs {
     /// A running coordinator (host:port) to use instead of starting one in-process.
     #[arg(long, value_name = "ADDR")]
     coordinator: Option<String>,
+    /// Have the in-process coordinator serve Prometheus metrics at
+    /// http://ADDR/metrics, as `drove coordinator --metrics-listen` does (port
+    /// 0: any free one; the address is printed on stderr). Off by default.
+    #[arg(long, value_name = "ADDR", conflicts_with = "coordinator")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Bearer token: given to the ranks as DROVE_TOKEN and required by the
     /// in-process coordinator [default: $DROVE_TOKEN].
     #[arg(long, value_name = "TOKEN")]
@@ -88,7 +93,10 @@ impl RunArgs {
         let mut spec = LaunchSpec::new(self.np, program, args);
         spec.coordinator = match &self.coordinator {
             Some(addr) => CoordinatorChoice::At(addr.clone()),
-            None => CoordinatorChoice::InProcess { store: self.store.clone() },
+            None => CoordinatorChoice::InProcess {
+                store: self.store.clone(),
+                metrics_listen: self.metrics_listen,
+            },
         };
         spec.token = crate::parse::token_or_env(self.token.as_deref());
         if let Some(id) = &self.run_id {
@@ -132,6 +140,10 @@ impl Console for BarConsole {
 
     fn draws_progress(&self) -> bool {
         true
+    }
+
+    fn note(&self, text: &str) {
+        self.0.println(text);
     }
 
     fn progress(&self, p: &Progress) {

@@ -5,7 +5,8 @@
 //! `horovodrun -np N -H localhost:N`), from a [`LaunchSpec`]:
 //!
 //! - Without a coordinator address it serves one in-process on 127.0.0.1
-//!   (any free port) with a temporary store, removed at the end.
+//!   (any free port) with a temporary store, removed at the end, and
+//!   Prometheus' `/metrics` where asked (its address told to the [`Console`]).
 //! - Each rank gets the variables of [`var`]: `DROVE_RANK`, `DROVE_LOCAL_RANK`,
 //!   `DROVE_WORLD_SIZE`, `DROVE_LOCAL_WORLD_SIZE`, `DROVE_RUN_ID`,
 //!   `DROVE_COORDINATOR`, `DROVE_RESTART_COUNT`, and with a token

@@ -20,25 +20,33 @@ impl Server {
         match *self {}
     }
 
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        match *self {}
+    }
+
     pub async fn shutdown(self) {
         match self {}
     }
 }
 
 /// Serves a coordinator on `listen` with its store in `store`, requiring
-/// `token` if given (inside a tokio runtime); why not, as text.
+/// `token` if given, and Prometheus' `/metrics` on `metrics_listen` if given
+/// (inside a tokio runtime); why not, as text.
 pub(crate) async fn in_process(
     listen: SocketAddr,
     store: &Path,
     token: Option<&str>,
+    metrics_listen: Option<SocketAddr>,
 ) -> Result<Server, String> {
     #[cfg(feature = "serve")]
     {
-        drove_coordinator::serve_in_process(listen, store, token).await.map_err(|e| e.to_string())
+        drove_coordinator::serve_in_process(listen, store, token, metrics_listen)
+            .await
+            .map_err(|e| e.to_string())
     }
     #[cfg(not(feature = "serve"))]
     {
-        let _ = (listen, store, token);
+        let _ = (listen, store, token, metrics_listen);
         Err(format!(
             "this build of drove-launch serves no coordinator (its feature `serve` is off): start one \
              (`drove coordinator`) and name it in {}",

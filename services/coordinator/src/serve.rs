@@ -9,14 +9,21 @@ use crate::{Config, Flags, Server, StartError, start};
 
 /// Serves a coordinator in this process on `listen` (port 0: any free one;
 /// [`Server::addr`] says which), its store in `store` (created if missing),
-/// requiring `token` if given. Call it inside a tokio runtime.
+/// requiring `token` if given, and Prometheus' `/metrics` on `metrics_listen`
+/// if given ([`Server::metrics_addr`] says where). Call it inside a tokio runtime.
 pub async fn serve_in_process(
     listen: SocketAddr,
     store: &Path,
     token: Option<&str>,
+    metrics_listen: Option<SocketAddr>,
 ) -> Result<Server, StartError> {
-    let config =
-        Config { listen, store: store.to_path_buf(), token: token.map(str::to_string), ..Default::default() };
+    let config = Config {
+        listen,
+        store: store.to_path_buf(),
+        token: token.map(str::to_string),
+        metrics_listen,
+        ..Default::default()
+    };
     start(&config).await
 }
 

@@ -22,6 +22,7 @@ mod launchers;
 mod multihost;
 mod own_model;
 mod progress;
+mod prometheus;
 mod report;
 mod survive;
 mod timeline;

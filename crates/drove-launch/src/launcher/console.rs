@@ -30,6 +30,12 @@ pub trait Console: Send + Sync {
 
     /// Rank 0's progress.
     fn progress(&self, _progress: &Progress) {}
+
+    /// A line of the launcher's own (where its coordinator serves metrics),
+    /// unprefixed; by default to this process's stderr.
+    fn note(&self, text: &str) {
+        let _ = writeln!(std::io::stderr().lock(), "{text}");
+    }
 }
 
 /// Lines to this process's stdout and stderr, prefixed `[R] `, each written

@@ -3,6 +3,7 @@
 //! the launcher makes to it (is the run id free, has the run failed, every
 //! rank leaves at the end).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -21,6 +22,11 @@ pub enum CoordinatorChoice {
     InProcess {
         /// The store folder to keep, if any.
         store: Option<PathBuf>,
+        /// Where it also serves Prometheus' text format at `/metrics` (port
+        /// 0: any free one; [`Console::note`](crate::Console::note) is told
+        /// the address), as `drove coordinator --metrics-listen` does; none:
+        /// not served.
+        metrics_listen: Option<SocketAddr>,
     },
     /// One already running at this address (`host:port` or a URL).
     At(String),
@@ -35,9 +41,9 @@ pub(crate) struct LaunchCoordinator {
 impl LaunchCoordinator {
     /// Serves one in-process, or names the given one.
     pub async fn open(choice: &CoordinatorChoice, token: Option<&str>) -> Result<Self, LaunchError> {
-        let store = match choice {
+        let (store, metrics_listen) = match choice {
             CoordinatorChoice::At(addr) => return Ok(LaunchCoordinator { addr: addr.clone(), served: None }),
-            CoordinatorChoice::InProcess { store } => store,
+            CoordinatorChoice::InProcess { store, metrics_listen } => (store, *metrics_listen),
         };
         let (path, temporary) = match store {
             Some(dir) => {
@@ -54,10 +60,15 @@ impl LaunchCoordinator {
                 (t.path().to_path_buf(), Some(t))
             }
         };
-        let server = crate::serve::in_process(([127, 0, 0, 1], 0).into(), &path, token)
+        let server = crate::serve::in_process(([127, 0, 0, 1], 0).into(), &path, token, metrics_listen)
             .await
             .map_err(|e| LaunchError::Coordinator(format!("starting the in-process coordinator: {e}")))?;
         Ok(LaunchCoordinator { addr: server.addr().to_string(), served: Some((server, temporary)) })
+    }
+
+    /// Where an in-process coordinator serves Prometheus metrics, if it does.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.served.as_ref().and_then(|(server, _)| server.metrics_addr())
     }
 
     /// Whether the launcher serves it.

@@ -76,7 +76,7 @@ impl LaunchSpec {
             np,
             program: program.into(),
             args: args.into_iter().map(Into::into).collect(),
-            coordinator: CoordinatorChoice::InProcess { store: None },
+            coordinator: CoordinatorChoice::InProcess { store: None, metrics_listen: None },
             token: None,
             run_id: default_run_id(),
             restart: RestartPolicy::default(),
@@ -259,6 +259,9 @@ pub fn launch(spec: &LaunchSpec, console: Arc<dyn Console>) -> Result<LaunchOutc
     let (tx, rx) = mpsc::channel();
     forward_signals(&rt, tx.clone())?;
     let coordinator = rt.block_on(LaunchCoordinator::open(&spec.coordinator, spec.token.as_deref()))?;
+    if let Some(at) = coordinator.metrics_addr() {
+        console.note(&format!("the coordinator serves Prometheus metrics at http://{at}/metrics"));
+    }
     let outcome = rt.block_on(join(&coordinator.addr, spec)).and_then(|mut clients| {
         tracing::info!(
             coordinator = %coordinator.addr,

@@ -74,7 +74,7 @@ impl ServedCoordinator {
             .map_err(|e| LaunchError::io("starting rank 0's coordinator runtime", e))?;
         let listen = SocketAddr::from(([0, 0, 0, 0], port));
         let server =
-            runtime.block_on(crate::serve::in_process(listen, store.path(), token)).map_err(|e| {
+            runtime.block_on(crate::serve::in_process(listen, store.path(), token, None)).map_err(|e| {
                 LaunchError::Coordinator(format!(
                     "rank 0 cannot serve the coordinator on port {port} (the other ranks dial {dial}): {e}"
                 ))
