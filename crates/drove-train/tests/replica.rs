@@ -168,6 +168,55 @@ fn initial() -> Model {
     weights.write(fresh, &device)
 }
 
+/// The first step's [`Scale`] computed without the replica: burn's mean
+/// cross-entropy over step 0's 16 rows on the initial model, and the norm of
+/// its gradient. A scale that every world size shares (the replica's loss
+/// weight, its averaging) shows here, where comparing runs cannot see it.
+fn first_step_by_hand() -> Scale {
+    let device = Default::default();
+    let model = initial();
+    let rows = Rows::of_step(0, 0, ROWS);
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(rows.ids, [ROWS, SEQ]), &device);
+    let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(rows.labels, [ROWS * SEQ]), &device);
+    let loss = CrossEntropyLossConfig::new()
+        .init(&device)
+        .forward(model.forward(ids).reshape([ROWS * SEQ, LABELS]), targets);
+    let value = f64::from(loss.clone().into_scalar());
+    let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+    let names = FlatParams::read(&model).unwrap().names.len();
+    struct Norm<'a>(&'a burn::optim::GradientsParams, f64, usize);
+    impl burn::module::ModuleVisitor<B> for Norm<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &burn::module::Param<Tensor<B, D>>) {
+            if let Some(g) = self.0.get::<Flex, D>(p.id) {
+                self.1 +=
+                    g.into_data().to_vec::<f32>().unwrap().iter().map(|&x| f64::from(x).powi(2)).sum::<f64>();
+                self.2 += 1;
+            }
+        }
+    }
+    let mut norm = Norm(&grads, 0.0, 0);
+    burn::module::Module::visit(&model, &mut norm);
+    assert_eq!(norm.2, names, "every parameter has a gradient");
+    Scale { loss: value, grad_norm: norm.1.sqrt() }
+}
+
+#[test]
+fn the_first_step_s_loss_and_gradient_norm_are_those_of_the_batch_by_hand() {
+    let by_hand = first_step_by_hand();
+    for placement in [Placement::Host, Placement::Backend] {
+        let (_, scales) = alone(options(placement));
+        assert_same_scale(&format!("{placement}: alone vs by hand"), &[by_hand], &scales[..1]);
+        let ranks = world(2, move |rank, comm| {
+            let opts = ReplicaOptions { lr: 1e-3 / 2.0, ..options(placement) };
+            let mut replica = Replica::new(initial(), comm, opts, &Default::default()).unwrap();
+            train(&mut replica, Plan { rows: 8, first: rank * 8 }, 0, 1)
+        });
+        for (rank, trail) in ranks.iter().enumerate() {
+            assert_same_scale(&format!("{placement}: rank {rank} of 2 x 8 vs by hand"), &[by_hand], trail);
+        }
+    }
+}
+
 /// Five steps alone over all 16 rows per step, with `opts`: the parameters
 /// and each step's [`Scale`].
 fn alone(opts: ReplicaOptions) -> (Vec<f32>, Vec<Scale>) {
