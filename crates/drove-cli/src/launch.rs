@@ -22,7 +22,7 @@ use crate::parse;
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Number of ranks (processes) to start on this host.
-    #[arg(long, value_name = "N", value_parser = np)]
+    #[arg(long, value_name = "N", value_parser = |s: &str| ranks(s, "--np"))]
     np: usize,
     /// Keep the in-process coordinator's store (metrics, runs) in this folder
     /// instead of a temporary one; query it later with `drove metrics --store DIR`.
@@ -59,7 +59,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "MIN", value_parser = min_np)]
     min_np: Option<usize>,
     /// The most ranks an elastic run's world may have [default: --np].
-    #[arg(long, value_name = "MAX", requires = "min_np", value_parser = np)]
+    #[arg(long, value_name = "MAX", requires = "min_np", value_parser = |s: &str| ranks(s, "--max-np"))]
     max_np: Option<usize>,
     /// Seconds between SIGTERM and SIGKILL when stopping the ranks.
     #[arg(long, default_value_t = 10.0, value_name = "S", value_parser = parse::seconds)]
@@ -70,10 +70,12 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
-fn np(s: &str) -> Result<usize, String> {
-    let n = parse::at_least(s, 1, "np", " rank")?;
+/// A count of ranks for `flag` (`--np`, `--max-np`): at least 1, at most
+/// what one host starts.
+fn ranks(s: &str, flag: &str) -> Result<usize, String> {
+    let n = parse::at_least(s, 1, flag, " rank")?;
     if n > MAX_LOCAL_RANKS {
-        Err(format!("np must be at most {MAX_LOCAL_RANKS} ranks on one host, found {n}"))
+        Err(format!("{flag} must be at most {MAX_LOCAL_RANKS} ranks on one host, found {n}"))
     } else {
         Ok(n)
     }

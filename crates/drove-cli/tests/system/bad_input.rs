@@ -39,7 +39,7 @@ fn a_batch_size_of_0_is_refused_naming_the_flag() {
 #[test]
 fn drove_run_with_no_ranks_is_refused_naming_the_flag() {
     for (flags, says) in [
-        (&["--np", "0"][..], "'--np <N>': np must be at least 1 rank, found 0"),
+        (&["--np", "0"][..], "'--np <N>': --np must be at least 1 rank, found 0"),
         (&["--np", "2", "--min-np", "0"][..], "'--min-np <MIN>': --min-np must be at least 1 rank, found 0"),
     ] {
         let out = refused(Command::new(DROVE).arg("run").args(flags).args(["--", DROVE, "check"]));
