@@ -182,22 +182,10 @@ fn first_step_by_hand() -> Scale {
         .init(&device)
         .forward(model.forward(ids).reshape([ROWS * SEQ, LABELS]), targets);
     let value = f64::from(loss.clone().into_scalar());
-    let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
-    let names = FlatParams::read(&model).unwrap().names.len();
-    struct Norm<'a>(&'a burn::optim::GradientsParams, f64, usize);
-    impl burn::module::ModuleVisitor<B> for Norm<'_> {
-        fn visit_float<const D: usize>(&mut self, p: &burn::module::Param<Tensor<B, D>>) {
-            if let Some(g) = self.0.get::<Flex, D>(p.id) {
-                self.1 +=
-                    g.into_data().to_vec::<f32>().unwrap().iter().map(|&x| f64::from(x).powi(2)).sum::<f64>();
-                self.2 += 1;
-            }
-        }
-    }
-    let mut norm = Norm(&grads, 0.0, 0);
-    burn::module::Module::visit(&model, &mut norm);
-    assert_eq!(norm.2, names, "every parameter has a gradient");
-    Scale { loss: value, grad_norm: norm.1.sqrt() }
+    let mut grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+    let grads = drove_train::flat::take_gradients(&model, &mut grads).unwrap();
+    assert_eq!(grads.len(), FlatParams::read(&model).unwrap().names.len(), "every parameter's gradient");
+    Scale { loss: value, grad_norm: drove_train::flat::global_norm(&grads) }
 }
 
 #[test]
