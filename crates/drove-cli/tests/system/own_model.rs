@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::common::{DROVE, assert_listed_run, read_latest, relative_difference, run, text, under_run};
+use crate::common::{
+    DROVE, assert_listed_run, read_latest, relative_difference, run, scale_difference, step_scales, text,
+    under_run,
+};
 use drove_launch::Progress;
 use drove_store::{Agg, Filter, Store};
 
@@ -48,24 +51,11 @@ fn losses(stdout: &str) -> Vec<f64> {
 }
 
 /// Each applied step's (global loss, gradient norm before clipping) that the
-/// example wrote with `--scales`.
+/// example wrote with `--scales`, one JSON line a step.
 fn scales(path: &str) -> Vec<(f64, f64)> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    text.lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["global_loss"].as_f64().unwrap(), v["grad_norm"].as_f64().unwrap())
-        })
-        .collect()
-}
-
-/// The largest relative difference between two runs' losses and gradient
-/// norms, step by step (1.0 for a gradient doubled or halved).
-fn scale_difference(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
-    assert_eq!(a.len(), b.len(), "as many steps");
-    assert!(a.iter().all(|&(l, n)| l > 0.0 && n > 0.0), "{a:?}");
-    let rel = |x: f64, y: f64| (x - y).abs() / x.abs().max(y.abs());
-    a.iter().zip(b).map(|(p, q)| rel(p.0, q.0).max(rel(p.1, q.1))).fold(0.0, f64::max)
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    step_scales(&lines)
 }
 
 #[test]

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::{DROVE, assets, read_latest, relative_difference, run, text, under_run};
+use crate::common::{
+    DROVE, assets, read_latest, relative_difference, run, scale_difference, summary_scales, text, under_run,
+};
 
 /// `drove train ner` on the real assets with the given extra arguments.
 fn train(out: &Path, extra: &[&str]) -> Command {
@@ -37,27 +39,16 @@ fn summary(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join("summary.json")).expect("summary.json")).unwrap()
 }
 
-/// Each applied step's (global loss, gradient norm before clipping), from
-/// `summary.json`: they see the gradient's scale, which the parameters after
-/// clipping and AdamW do not (g and 2g give one update).
-fn scales(dir: &Path) -> Vec<(f64, f64)> {
-    let steps = summary(dir)["step_scales"].as_array().expect("step_scales in summary.json").clone();
-    let value = |s: &serde_json::Value, k: &str| s[k].as_f64().unwrap_or_else(|| panic!("{k} in {s}"));
-    steps.iter().map(|s| (value(s, "global_loss"), value(s, "grad_norm"))).collect()
-}
-
 /// Asserts two runs took steps of one scale: at every step the same global
-/// loss and gradient norm, within the order of the sums.
+/// loss and gradient norm before clipping (`summary.json`'s `step_scales`),
+/// within the order of the sums.
 fn assert_same_scale(what: &str, a: &Path, b: &Path) {
-    let (a, b) = (scales(a), scales(b));
-    assert_eq!(a.len(), b.len(), "{what}: as many steps");
-    let rel = |x: f64, y: f64| (x - y).abs() / x.abs().max(y.abs()).max(1e-12);
-    let d = a.iter().zip(&b).map(|(p, q)| rel(p.0, q.0).max(rel(p.1, q.1))).fold(0.0, f64::max);
+    let (a, b) = (summary_scales(a), summary_scales(b));
+    let d = scale_difference(&a, &b);
     eprintln!("{what}: loss and gradient norm differ by {d:e}");
     // The order of the f32 sums moves them by about 6e-6 here; a gradient of
     // the wrong scale by 0.5 or more.
     assert!(d < 1e-4, "{what}: loss or gradient norm differ by {d} (relative): {a:?} vs {b:?}");
-    assert!(a.iter().all(|&(l, n)| l > 0.0 && n > 0.0), "{what}: {a:?}");
 }
 
 const SMALL: &[&str] = &["--max-train-sentences", "16", "--epochs", "5", "--dropout", "0", "--eval", ""];
@@ -84,7 +75,7 @@ fn two_processes_of_8_equal_one_of_16_in_both_placements() {
         // doubled everywhere): MiniLM's fresh classifier head (std 0.02)
         // gives nearly equal logits, so the first step's mean token loss is
         // close to ln(9), for CoNLL-2003's 9 labels.
-        let first = scales(&one)[0].0;
+        let first = summary_scales(&one)[0].0;
         let uniform = 9f64.ln();
         eprintln!("{placement}: the first step's loss {first} against ln(9) = {uniform}");
         assert!(

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::{DROVE, Proc, assert_each_once, read_latest, text, tiny_training, traced};
+use crate::common::{
+    DROVE, Proc, assert_each_once, read_latest, scale_difference, summary_scales, text, tiny_training, traced,
+};
 
 /// How long one run may take here: the first step compiles every shader.
 const DEADLINE: Duration = Duration::from_secs(600);
@@ -109,16 +111,6 @@ fn train(dir: &Path, np: usize, sentences: usize, out: &str, extra: &[&str]) -> 
     read_latest(&out.join("checkpoints"))
 }
 
-/// Each applied step's (global loss, gradient norm before clipping) from the
-/// run's `summary.json`: they see a gradient's scale, which the parameters
-/// after clipping and AdamW do not.
-fn scales(out: &Path) -> Vec<(f64, f64)> {
-    let summary: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("summary.json")).expect("summary.json")).unwrap();
-    let steps = summary["step_scales"].as_array().expect("step_scales").clone();
-    steps.iter().map(|s| (s["global_loss"].as_f64().unwrap(), s["grad_norm"].as_f64().unwrap())).collect()
-}
-
 /// How far the losses and gradient norms of lavapipe's steps may lie from
 /// flex's, relative: the order of the sums moves them by far less, and a
 /// gradient of the wrong scale by a half or more.
@@ -139,14 +131,13 @@ fn two_ranks_on_wgpu_take_the_steps_of_flex_within_tolerance() {
         "one",
         &["--device", "cpu", "--bucket-window", "0", "--max-steps", "1", "--checkpoint-every", "1"],
     );
-    let (on_cpu, on_gpu) = (scales(&dir.path().join("cpu")), scales(&dir.path().join("wgpu")));
+    let (on_cpu, on_gpu) =
+        (summary_scales(&dir.path().join("cpu")), summary_scales(&dir.path().join("wgpu")));
     assert_eq!(on_cpu.len(), 4, "{on_cpu:?}");
-    let rel = |x: f64, y: f64| (x - y).abs() / x.abs().max(y.abs());
-    let scale_off =
-        on_cpu.iter().zip(&on_gpu).map(|(a, b)| rel(a.0, b.0).max(rel(a.1, b.1))).fold(0.0, f64::max);
+    let scale_off = scale_difference(&on_cpu, &on_gpu);
     eprintln!("wgpu's losses and gradient norms lie {scale_off:e} (relative) from flex's");
     assert!(
-        on_gpu.len() == on_cpu.len() && scale_off <= SCALE_TOLERANCE,
+        scale_off <= SCALE_TOLERANCE,
         "wgpu's losses and gradient norms {on_gpu:?} against flex's {on_cpu:?}"
     );
     let off = apart(&gpu, &cpu, &one);

@@ -96,6 +96,34 @@ pub fn read_latest(root: &Path) -> HashMap<String, Vec<f32>> {
         .collect()
 }
 
+/// Each applied step's (global loss, gradient norm before clipping) as a
+/// JSON object with those two fields (`summary.json`'s `step_scales`, the
+/// example's `--scales` lines): they see a gradient's scale, which the
+/// parameters after clipping and AdamW do not (g and 2g give one update).
+pub fn step_scales<'a>(steps: impl IntoIterator<Item = &'a serde_json::Value>) -> Vec<(f64, f64)> {
+    let value = |s: &serde_json::Value, k: &str| s[k].as_f64().unwrap_or_else(|| panic!("{k} in {s}"));
+    steps.into_iter().map(|s| (value(s, "global_loss"), value(s, "grad_norm"))).collect()
+}
+
+/// `step_scales` of the run whose output folder is `out` (its `summary.json`).
+pub fn summary_scales(out: &Path) -> Vec<(f64, f64)> {
+    let path = out.join("summary.json");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+            .unwrap();
+    step_scales(summary["step_scales"].as_array().expect("step_scales in summary.json"))
+}
+
+/// The largest relative difference between two runs' losses and gradient
+/// norms, step by step (0.5 for a gradient doubled or halved); both must
+/// have as many steps, each loss and norm above 0.
+pub fn scale_difference(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
+    assert_eq!(a.len(), b.len(), "as many steps: {a:?} vs {b:?}");
+    assert!(a.iter().chain(b).all(|&(l, n)| l > 0.0 && n > 0.0), "{a:?} vs {b:?}");
+    let rel = |x: f64, y: f64| (x - y).abs() / x.max(y);
+    a.iter().zip(b).map(|(p, q)| rel(p.0, q.0).max(rel(p.1, q.1))).fold(0.0, f64::max)
+}
+
 /// Largest absolute difference over the largest absolute value, over every tensor.
 pub fn relative_difference(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> f32 {
     assert_eq!(a.len(), b.len());
