@@ -13,7 +13,7 @@ use burn::backend::{Autodiff, Flex};
 use drove_comm::SingleProcess;
 use drove_device::DeviceChoice;
 use drove_device::kernels::KernelCache;
-use drove_ner::{GpuTraining as _, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner};
+use drove_ner::{GpuStep, GpuTraining as _, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner};
 use drove_train::{PhaseTimes, Placement};
 use serde::Serialize;
 
@@ -64,6 +64,9 @@ pub struct TrainOptions {
     /// or `off`.
     #[cfg_attr(feature = "clap", arg(long, value_name = "DIR|default|off", default_value = "default"))]
     pub kernel_cache: KernelCache,
+    /// How a step is computed on a GPU (each change of issue 49 on or off).
+    #[cfg_attr(feature = "clap", command(flatten))]
+    pub gpu_step: GpuStep,
 }
 
 impl Default for TrainOptions {
@@ -80,6 +83,7 @@ impl Default for TrainOptions {
             random_init: false,
             pad_multiple: None,
             kernel_cache: KernelCache::Default,
+            gpu_step: GpuStep::default(),
         }
     }
 }
@@ -329,6 +333,7 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
         placement,
         max_steps: Some(o.warmup_steps + o.steps),
         random_init: o.random_init,
+        gpu_step: o.gpu_step.clone(),
         ..NerOptions::default()
     };
     let mut timer = Timer { steps: Vec::new(), phases: Vec::new() };

@@ -59,6 +59,7 @@ mod fit;
 #[cfg(feature = "clap")]
 pub mod flags;
 mod gpu;
+mod gpu_step;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod model;
@@ -81,6 +82,7 @@ pub use error::NerError;
 pub use eval::EvalReport;
 pub use fit::{train_ner, train_ner_elastic, train_ner_with};
 pub use gpu::{GpuTraining, open_gpu};
+pub use gpu_step::GpuStep;
 #[cfg(feature = "metrics")]
 pub use metrics::MetricsObserver;
 pub use model::load_model;

@@ -15,6 +15,7 @@ use drove_train::schedule::LrScaling;
 use drove_train::{LossReduction, Placement, ReplicaOptions, Schedule, SparseRows};
 
 use crate::NerError;
+use crate::gpu_step::GpuStep;
 
 /// Everything a fine-tune needs to know.
 ///
@@ -249,6 +250,10 @@ pub struct NerOptions {
     #[serde(default)]
     #[cfg_attr(feature = "clap", arg(skip))]
     pub random_init: bool,
+    /// How a step is computed on a GPU (each change of issue 49 on or off).
+    #[serde(default)]
+    #[cfg_attr(feature = "clap", command(flatten))]
+    pub gpu_step: GpuStep,
 }
 
 /// The length-bucketing window of a fixed world when none is given.
@@ -316,6 +321,7 @@ impl Default for NerOptions {
             trace_samples: None,
             reform_check_every: default_reform_check(),
             random_init: false,
+            gpu_step: GpuStep::default(),
         }
     }
 }
