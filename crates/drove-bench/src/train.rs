@@ -14,6 +14,7 @@ use drove_comm::SingleProcess;
 use drove_device::DeviceChoice;
 use drove_device::kernels::KernelCache;
 use drove_ner::{GpuStep, GpuTraining as _, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner};
+use drove_kernels::transfer::{self, Transfers};
 use drove_train::{PhaseTimes, Placement};
 use serde::Serialize;
 
@@ -67,6 +68,11 @@ pub struct TrainOptions {
     /// How a step is computed on a GPU (each change of issue 49 on or off).
     #[cfg_attr(feature = "clap", command(flatten))]
     pub gpu_step: GpuStep,
+    /// Count the kernels every step launches (a GPU; cubecl's execution log,
+    /// which costs host time on the thread that launches: the timed steps
+    /// are slower with it, so it is off unless asked).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub count_launches: bool,
 }
 
 impl Default for TrainOptions {
@@ -84,6 +90,7 @@ impl Default for TrainOptions {
             pad_multiple: None,
             kernel_cache: KernelCache::Default,
             gpu_step: GpuStep::default(),
+            count_launches: false,
         }
     }
 }
@@ -199,7 +206,7 @@ pub struct TrainReport {
     /// entries its PTX cache gained; `None` where neither tells).
     pub kernels_compiled: Option<u64>,
     /// Kernels launched per step, on average over every step (warm-up
-    /// included), where the device counts them.
+    /// included), where the device counts them (`--count-launches`).
     pub kernels_launched_per_step: Option<f64>,
     /// The median of the timed steps' sentences per second.
     pub median_sentences_per_s: f64,
@@ -229,6 +236,10 @@ pub struct TrainReport {
     pub threads: usize,
     /// Tokens per second over the timed steps (total work over total time).
     pub tokens_per_s: f64,
+    /// Blocking reads (the host waiting for the device) and uploads per
+    /// timed step at drove's own call sites (drove-kernels' counters): the
+    /// mean over the timed steps, and the most any timed step made.
+    pub transfers_per_step: TransfersPerStep,
     /// Seconds of the whole run, loading the data and model included.
     pub wall_seconds_including_load: f64,
 }
@@ -243,10 +254,40 @@ pub struct PhaseMeans {
     pub update: f64,
 }
 
-/// Records each step's timing.
+/// Reads and uploads per timed step (keys in the order of their names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct TransfersPerStep {
+    /// Most reads of one timed step.
+    pub max_reads: u64,
+    /// Most uploads of one timed step.
+    pub max_uploads: u64,
+    /// Mean reads of a timed step.
+    pub reads: f64,
+    /// Mean uploads of a timed step.
+    pub uploads: f64,
+}
+
+impl TransfersPerStep {
+    /// Over `steps`, each step's count.
+    fn over(steps: &[Transfers]) -> TransfersPerStep {
+        let n = steps.len().max(1) as f64;
+        TransfersPerStep {
+            max_reads: steps.iter().map(|t| t.reads).max().unwrap_or(0),
+            max_uploads: steps.iter().map(|t| t.uploads).max().unwrap_or(0),
+            reads: steps.iter().map(|t| t.reads).sum::<u64>() as f64 / n,
+            uploads: steps.iter().map(|t| t.uploads).sum::<u64>() as f64 / n,
+        }
+    }
+}
+
+/// Records each step's timing and transfers.
 struct Timer {
     steps: Vec<(f64, f64)>, // (sentences/s, tokens/s)
     phases: Vec<PhaseTimes>,
+    /// The transfers counted by the end of the last step seen.
+    last: Transfers,
+    /// Each step's transfers (those between its end and the previous one's).
+    transfers: Vec<Transfers>,
 }
 
 impl Observer for Timer {
@@ -261,6 +302,9 @@ impl Observer for Timer {
         );
         self.steps.push((r.sentences_per_s, r.tokens_per_s));
         self.phases.push(r.phases);
+        let now = transfer::transfers();
+        self.transfers.push(now - self.last);
+        self.last = now;
     }
 }
 
@@ -336,8 +380,9 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
         gpu_step: o.gpu_step.clone(),
         ..NerOptions::default()
     };
-    let mut timer = Timer { steps: Vec::new(), phases: Vec::new() };
     let started = Instant::now();
+    let mut timer =
+        Timer { steps: Vec::new(), phases: Vec::new(), last: transfer::transfers(), transfers: Vec::new() };
     trainer.train(&opts, &mut timer).map_err(BenchError::Ner)?;
     let wall = started.elapsed().as_secs_f64();
     let steps_run = timer.steps.len().max(1) as f64;
@@ -372,6 +417,7 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
         median_sentences_per_s: median(timed.iter().map(|s| s.0).collect()).unwrap_or(0.0),
         micro_batches: drove_train::micro::MicroBatches::resolve(micro, o.batch_size),
         model: o.model.display().to_string(),
+        transfers_per_step: TransfersPerStep::over(&timer.transfers[skip.min(timer.transfers.len())..]),
         pad_multiple,
         peak_rss_bytes: peak_rss_bytes(),
         phase_mean_seconds: phase_means(timed_phases),
@@ -410,6 +456,7 @@ mod tests {
             median_sentences_per_s: 1.0,
             micro_batches: 1,
             model: "m".into(),
+            transfers_per_step: TransfersPerStep::default(),
             pad_multiple: 1,
             peak_rss_bytes: Some(1),
             phase_mean_seconds: phase_means(&[]),

@@ -81,13 +81,14 @@ impl HostStaging {
         let n = staged.len();
         let fusion = FusionOptions { threshold_bytes: 0, compression: self.compression };
         all_reduce_fused(comm, name, &mut [staged.as_mut_slice()], op, fusion)?;
-        Ok(Tensor::from_data(TensorData::new(staged, [n]), device))
+        Ok(drove_kernels::transfer::upload(TensorData::new(staged, [n]), device))
     }
 }
 
 /// Copies `bucket` from the device to one host buffer of f32; a device that
 /// failed (lost, out of memory) is an error naming the bucket, never a panic.
 pub fn read_back<B: Backend>(name: &str, bucket: Tensor<B, 1>) -> Result<Vec<f32>, DeviceError> {
+    drove_kernels::transfer::count_read();
     let data = bucket
         .try_into_data()
         .map_err(|e| DeviceError::Gpu(format!("reading {name} back from the device: {e}")))?;

@@ -163,9 +163,9 @@ pub(crate) fn batch_tensors<B: Backend>(
 ) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>, Tensor<B, 2>) {
     let shape = [batch.batch_size, batch.seq_len];
     let ids: Vec<i64> = batch.input_ids.iter().map(|&t| i64::from(t)).collect();
-    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, shape), device);
+    let ids: Tensor<B, 2, Int> = drove_kernels::transfer::upload(TensorData::new(ids, shape), device);
     let types = ids.zeros_like();
     let mask: Vec<f32> = batch.attention_mask.iter().map(|&m| f32::from(m)).collect();
-    let mask = Tensor::<B, 2>::from_data(TensorData::new(mask, shape), device);
+    let mask: Tensor<B, 2> = drove_kernels::transfer::upload(TensorData::new(mask, shape), device);
     (ids, types, mask)
 }

@@ -97,8 +97,7 @@ fn predict_slice<B: Backend>(
         let batch = collator.collate(&examples, chunk, drove_collate::MaskSource::None)?;
         let (ids, types, mask) = batch_tensors::<B>(&batch, device);
         let predicted = model.forward(ids, types, mask).argmax(2);
-        let predicted: Vec<i64> = predicted
-            .into_data()
+        let predicted: Vec<i64> = drove_kernels::transfer::read(predicted)
             .convert::<i64>()
             .to_vec::<i64>()
             .map_err(|e| NerError::Options(format!("reading predictions: {e:?}")))?;

@@ -95,7 +95,7 @@ pub(crate) fn loss<B: Backend>(
             onehot[i * num_labels + y as usize] = 1.0;
         }
     }
-    let target = Tensor::<B, 2>::from_data(TensorData::new(onehot, [b * s, l]), device);
+    let target: Tensor<B, 2> = drove_kernels::transfer::upload(TensorData::new(onehot, [b * s, l]), device);
     let logp = log_softmax(logits.reshape([b * s, l]), 1);
     (logp * target).sum().neg() * scale
 }

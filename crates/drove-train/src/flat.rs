@@ -88,7 +88,7 @@ impl<B: Backend> ModuleVisitor<B> for Reader {
         let index = self.out.values.len();
         let tensor = param.val();
         let shape = tensor.dims().to_vec();
-        let values = match to_f32(tensor.into_data(), index) {
+        let values = match to_f32(drove_kernels::transfer::read(tensor), index) {
             Ok(v) => v,
             Err(e) => {
                 self.error.get_or_insert(e);
@@ -111,7 +111,7 @@ impl<B: Backend> ModuleMapper<B> for Writer<B> {
         let values = self.values.next().expect("one buffer per float parameter");
         let (id, tensor, mapper) = param.consume();
         let shape = tensor.dims();
-        let value = Tensor::<B, D>::from_data(TensorData::new(values, shape), &self.device)
+        let value = drove_kernels::transfer::upload::<B, D, _>(TensorData::new(values, shape), &self.device)
             .set_require_grad(tensor.is_require_grad());
         Param::from_mapped_value(id, value, mapper)
     }
@@ -134,7 +134,7 @@ pub fn take_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
             let index = self.out.len();
             let numel: usize = param.val().dims().iter().product();
             let values = match self.grads.remove::<B::InnerBackend, D>(param.id) {
-                Some(g) => to_f32(g.into_data(), index).unwrap_or_else(|e| {
+                Some(g) => to_f32(drove_kernels::transfer::read(g), index).unwrap_or_else(|e| {
                     self.error.get_or_insert(e);
                     vec![0.0; numel]
                 }),

@@ -219,7 +219,7 @@ fn a_training_step_launches_no_more_kernels_than_recorded() {
     let Some(manifest) = or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = drove(&manifest, &runtime_dir(dir.path()));
-    cmd.args(["bench", "train", "--device", "wgpu", "--json", "--batch-size", "2", "--steps", "2"]);
+    cmd.args(["bench", "train", "--device", "wgpu", "--json", "--count-launches", "--batch-size", "2", "--steps", "2"]);
     cmd.args(["--warmup-steps", "1", "--bucket-window", "0", "--random-init", "--kernel-cache", "off"]);
     cmd.arg("--data").arg(crate::common::assets().join("conll2003"));
     cmd.arg("--model").arg(crate::common::tiny_model(dir.path()));
@@ -229,7 +229,8 @@ fn a_training_step_launches_no_more_kernels_than_recorded() {
     let report: serde_json::Value = serde_json::from_str(json).expect("one JSON object");
     let launched = report["kernels_launched_per_step"].as_f64().expect("launches counted on wgpu");
     let compiled = report["kernels_compiled"].as_u64().expect("compiles counted on wgpu");
-    eprintln!("{launched} kernels launched a step, {compiled} compiled");
+    let transfers = &report["transfers_per_step"];
+    eprintln!("{launched} kernels launched a step, {compiled} compiled; transfers a step: {transfers}");
     assert!(launched > 0.0 && compiled > 0, "nothing counted: {report}");
     assert!(
         launched <= LAUNCHES_PER_STEP * 1.1,

@@ -177,7 +177,7 @@ fn staged_overlapped<B: Backend>(
                     Bucket::Rows { row_len, .. } => {
                         all_reduce_rows(comm, &name, &mut staged, *row_len, average)?;
                         let n = staged.len();
-                        Tensor::from_data(burn::tensor::TensorData::new(staged, [n]), &device)
+                        drove_kernels::transfer::upload(burn::tensor::TensorData::new(staged, [n]), &device)
                     }
                     Bucket::Fused(_) => staging.reduce_staged::<B>(comm, &name, staged, average, &device)?,
                 };

@@ -14,7 +14,7 @@
 
 use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use crate::TrainError;
 use crate::flat::{AdamWSettings, AdamWStep, FlatAdamW};
@@ -87,7 +87,7 @@ impl<B: Backend> DeviceAdamW<B> {
             v: Tensor::zeros([total], device),
             decay,
             sizes,
-            decays: Tensor::from_data(TensorData::new(mask, [total]), device),
+            decays: drove_kernels::transfer::upload(TensorData::new(mask, [total]), device),
         }
     }
 
@@ -130,7 +130,7 @@ impl<B: Backend> DeviceAdamW<B> {
     /// The moments as host buffers, one per parameter (for a checkpoint).
     pub fn to_flat(&self) -> Result<FlatAdamW, TrainError> {
         let read = |t: &Tensor<B, 1>| -> Result<Vec<Vec<f32>>, TrainError> {
-            let all = crate::flat::to_f32(t.clone().into_data(), 0)?;
+            let all = crate::flat::to_f32(drove_kernels::transfer::read(t.clone()), 0)?;
             let mut rest = all.as_slice();
             Ok(self
                 .sizes
@@ -156,7 +156,7 @@ impl<B: Backend> DeviceAdamW<B> {
         let write = |bufs: &[Vec<f32>]| -> Tensor<B, 1> {
             let all: Vec<f32> = bufs.concat();
             let n = all.len();
-            Tensor::from_data(TensorData::new(all, [n]), device)
+            drove_kernels::transfer::upload(TensorData::new(all, [n]), device)
         };
         self.m = write(&flat.m);
         self.v = write(&flat.v);
@@ -166,7 +166,7 @@ impl<B: Backend> DeviceAdamW<B> {
 
 /// Reads a one-element tensor (the norm) back to the host.
 pub fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
-    f64::from(t.into_scalar().elem::<f32>())
+    drove_kernels::transfer::read_scalar(t)
 }
 
 /// Every float parameter's value, flat, in module order.

@@ -75,7 +75,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
         let host = pending
             .into_iter()
             .enumerate()
-            .map(|(index, grad)| crate::flat::to_f32(grad.into_data(), index))
+            .map(|(index, grad)| crate::flat::to_f32(drove_kernels::transfer::read(grad), index))
             .collect::<Result<_, _>>()?;
         Ok(Some(host))
     }
@@ -86,7 +86,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
             .into_iter()
             .map(|g| {
                 let n = g.len();
-                Tensor::<B::InnerBackend, 1>::from_data(burn::tensor::TensorData::new(g, [n]), device)
+                drove_kernels::transfer::upload::<B::InnerBackend, 1, _>(burn::tensor::TensorData::new(g, [n]), device)
             })
             .collect();
         (self.pending, self.reduced) = (Some(tensors), true);
@@ -99,7 +99,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
 
     fn local_gradient(&self, index: usize) -> Option<Result<Vec<f32>, TrainError>> {
         let grad = self.pending.as_ref()?.get(index)?;
-        Some(crate::flat::to_f32(grad.clone().into_data(), index))
+        Some(crate::flat::to_f32(drove_kernels::transfer::read(grad.clone()), index))
     }
 
     fn update(

@@ -10,7 +10,7 @@ use std::time::Instant;
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{ElementConversion, Tensor};
+use burn::tensor::Tensor;
 
 use super::{LossReduction, Micro, Replica, Rows, split_rows};
 use crate::TrainError;
@@ -55,7 +55,7 @@ impl Weigh {
         if self.reduction == LossReduction::Mean {
             value = value.mul_scalar(weight);
         }
-        let scalar = f64::from(value.clone().into_scalar().elem::<f32>());
+        let scalar = drove_kernels::transfer::read_scalar(value.clone());
         timeline.record("forward", "micro", Track::Micro(index), forward);
         (scalar, value)
     }
@@ -207,7 +207,7 @@ fn send_unhooked<B: AutodiffBackend, M: AutodiffModule<B>>(
                 return;
             }
             if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-                let values = crate::flat::to_f32(g.into_data(), param_index);
+                let values = crate::flat::to_f32(drove_kernels::transfer::read(g), param_index);
                 let micro = self.finish.micro;
                 let _ = self.finish.tx.send(Arrival::Gradient {
                     param: param_index,
