@@ -21,13 +21,12 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use burn_cubecl::CubeBackend;
-use cubecl::wgpu::{AutoGraphicsApi, GraphicsApi, RuntimeOptions, WgpuRuntime, WgpuSetup};
+use cubecl::wgpu::{AutoGraphicsApi, GraphicsApi, RuntimeOptions, WgpuSetup};
 
 use crate::DeviceError;
 
 /// burn's wgpu backend without fusion: f32 floats, i32 ints, u32 bools.
-pub type Wgpu = CubeBackend<WgpuRuntime, f32, i32, u32>;
+pub type Wgpu = drove_kernels::backends::Wgpu;
 /// A wgpu device as burn names it ([`open_adapter`] gives an `Existing` one).
 pub use cubecl::wgpu::WgpuDevice;
 /// The graphics API of an adapter, and its kind (wgpu's types).

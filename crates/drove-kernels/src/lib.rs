@@ -25,4 +25,5 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod backends;
 pub mod transfer;

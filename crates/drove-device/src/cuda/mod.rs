@@ -13,9 +13,8 @@
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
-use burn_cubecl::CubeBackend;
 use burn_cubecl::tensor::CubeTensor;
-use burn_fusion::{Fusion, FusionTensor, NoOp};
+use burn_fusion::{FusionTensor, NoOp};
 use cubecl::cuda::CudaRuntime;
 
 use crate::DeviceError;
@@ -23,10 +22,10 @@ use crate::DeviceError;
 /// burn's CUDA backend under fusion: f32 floats, i32 ints, u8 bools. Chains
 /// of element-wise operations (AdamW's, GELU's, LayerNorm's) run as one
 /// kernel each, which at batch 32 decides the speed: a step is launch-bound.
-pub type Cuda = Fusion<CudaCube>;
+pub type Cuda = drove_kernels::backends::Cuda;
 /// The cubecl backend [`Cuda`] fuses over, whose tensors' device memory can
 /// be reached.
-pub type CudaCube = CubeBackend<CudaRuntime, f32, i32, u8>;
+pub type CudaCube = drove_kernels::backends::CudaCube;
 /// A GPU as burn names it.
 pub use cubecl::cuda::CudaDevice;
 
