@@ -26,4 +26,5 @@
 #![deny(missing_docs)]
 
 pub mod backends;
+pub mod matmul;
 pub mod transfer;
