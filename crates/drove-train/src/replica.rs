@@ -47,6 +47,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use burn::module::AutodiffModule;
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use drove_collective::fusion::Plan;
 use drove_collective::{Buffer, Collective, Element};
@@ -68,7 +69,7 @@ mod rows;
 mod step;
 
 pub use crate::phase::PhaseTimes;
-pub use options::{LossReduction, ReplicaOptions};
+pub use options::{LossRead, LossReduction, ReplicaOptions};
 pub use outcome::StepOutcome;
 pub use resync::Resynced;
 pub use rows::{Micro, Rows, split_rows};
@@ -96,6 +97,8 @@ pub struct Replica<'c, B: AutodiffBackend, M: AutodiffModule<B>> {
     micro: MicroBatches,
     passes: usize,
     local_loss: f64,
+    /// The step's loss so far, kept on the device ([`LossRead::AtUpdate`]).
+    deferred_loss: Option<Tensor<B::InnerBackend, 1>>,
     compute: Duration,
     /// The overlapped passes' all-reduce time left after backward ended.
     exposed: Duration,
@@ -158,6 +161,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             placement,
             micro,
             passes: 0,
+            deferred_loss: None,
             local_loss: 0.0,
             compute: Duration::ZERO,
             exposed: Duration::ZERO,
@@ -299,6 +303,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         self.model = Some(params.write(model, &self.device));
         self.placement.restore(params, optim);
         (self.passes, self.local_loss, self.compute) = (0, 0.0, Duration::ZERO);
+        self.deferred_loss = None;
         (self.exposed, self.communication, self.overlap.local) = (Duration::ZERO, Duration::ZERO, None);
         Ok(state)
     }

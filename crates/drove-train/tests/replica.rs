@@ -13,7 +13,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
 use drove_collective::{Call, Collective, CommError, Delegate, LocalWorld, Place, SingleProcess};
 use drove_train::flat::{AdamWSettings, FlatParams};
-use drove_train::{Placement, Replica, ReplicaOptions, Schedule, TrainError};
+use drove_train::{LossRead, Placement, Replica, ReplicaOptions, Schedule, TrainError};
 use support::{LABELS, Tagger, tagger};
 
 mod support;
@@ -544,5 +544,71 @@ fn a_member_joining_a_re_formed_world_takes_the_most_advanced_state() {
             relative_diff(&ranks[2].5, &trained) > 1e-6,
             "{placement}: the fourth step moved the parameters"
         );
+    }
+}
+
+/// What makes a poisoned step not finite.
+#[derive(Clone, Copy, Debug)]
+enum Poison {
+    /// The loss itself is NaN.
+    Loss,
+    /// The loss is finite and its gradient is not (sqrt's slope at 0).
+    Norm,
+}
+
+/// One step of all 16 rows of step `step`, the loss `poison`ed if given.
+fn step_of(replica: &mut Replica<'_, B, Model>, step: usize, poison: Option<Poison>) -> Result<(), TrainError> {
+    let device = Default::default();
+    let loss_fn = CrossEntropyLossConfig::new().init(&device);
+    let rows = Rows::of_step(step, 0, ROWS);
+    replica
+        .step(&rows, |model: &Model, micro| {
+            let (r, n) = (&micro.rows, micro.rows.len());
+            let ids = TensorData::new(micro.batch.ids[r.start * SEQ..r.end * SEQ].to_vec(), [n, SEQ]);
+            let y = TensorData::new(micro.batch.labels[r.start * SEQ..r.end * SEQ].to_vec(), [n * SEQ]);
+            let logits = model.forward(Tensor::<B, 2, Int>::from_data(ids, &device));
+            let zero = logits.clone().sum().mul_scalar(0.0);
+            let loss = loss_fn.forward(logits.reshape([n * SEQ, LABELS]), Tensor::from_data(y, &device));
+            match poison {
+                None => loss,
+                Some(Poison::Loss) => loss.mul_scalar(f64::NAN),
+                Some(Poison::Norm) => loss + zero.sqrt(),
+            }
+        })
+        .map(|_| ())
+}
+
+#[test]
+fn a_step_whose_loss_or_gradient_norm_is_not_finite_changes_nothing_however_the_loss_is_read() {
+    let device = Default::default();
+    for placement in [Placement::Host, Placement::Backend] {
+        let mut clean = Replica::new(initial(), &SingleProcess, options(placement), &device).unwrap();
+        for step in 0..2 {
+            step_of(&mut clean, step, None).unwrap();
+        }
+        for loss_read in [LossRead::AtUpdate, LossRead::AfterForward] {
+            for poison in [Poison::Loss, Poison::Norm] {
+                let what = format!("{placement}, loss read {loss_read}, {poison:?}");
+                let opts = ReplicaOptions { loss_read, ..options(placement) };
+                let mut replica = Replica::new(initial(), &SingleProcess, opts, &device).unwrap();
+                step_of(&mut replica, 0, None).unwrap();
+                let before = params(replica.model());
+                let err = step_of(&mut replica, 1, Some(poison)).expect_err(&what);
+                let named = match poison {
+                    Poison::Loss => "loss",
+                    Poison::Norm => "global gradient norm",
+                };
+                match &err {
+                    TrainError::NonFinite { step: 2, what: w, .. } if *w == named => {}
+                    other => panic!("{what}: expected step 2's {named} named, got {other}"),
+                }
+                assert_eq!(replica.steps(), 1, "{what}: the refused step is not counted");
+                assert!(params(replica.model()) == before, "{what}: the parameters moved");
+                // The moments and step count did not move either: the next
+                // step is that of a run that never saw the poisoned one.
+                step_of(&mut replica, 1, None).unwrap();
+                assert!(params(replica.model()) == params(clean.model()), "{what}: the state moved");
+            }
+        }
     }
 }

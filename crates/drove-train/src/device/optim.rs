@@ -96,9 +96,16 @@ impl<B: Backend> DeviceAdamW<B> {
     /// updated model, every parameter keeping its id and whether it requires
     /// a gradient (each a view of one new flat buffer).
     ///
+    /// With a `guard` (values on the device, such as the step's loss and
+    /// gradient norm), the update is decided there without a read: when any
+    /// of its values is not finite the parameters and moments keep their
+    /// values bit for bit. The step count moves on either way; the caller,
+    /// once it has read the guard, takes a refused step back with
+    /// [`DeviceAdamW::refused`].
+    ///
     /// # Panics
     /// If the model's parameters do not match the state in number.
-    pub fn update<AB, M>(&mut self, model: M, grads: Tensor<B, 1>, lr: f64) -> M
+    pub fn update<AB, M>(&mut self, model: M, grads: Tensor<B, 1>, lr: f64, guard: Option<Tensor<B, 1>>) -> M
     where
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
@@ -120,11 +127,30 @@ impl<B: Backend> DeviceAdamW<B> {
         let v = self.v.clone().mul_scalar(b2) + g.clone().mul_scalar(1.0 - b2).mul(g);
         let denominator = v.clone().sqrt().div_scalar(c2_sqrt).add_scalar(eps);
         let factor = self.decays.clone().mul_scalar(keep - 1.0).add_scalar(1.0);
-        let p = p.mul(factor) - m.clone().mul_scalar(step_size).div(denominator);
+        let updated = p.clone().mul(factor) - m.clone().mul_scalar(step_size).div(denominator);
+        let (p, m, v) = match guard {
+            None => (updated, m, v),
+            Some(guard) => {
+                // One flag for the whole buffer, broadcast: every element keeps
+                // its old value when the guard is not all finite.
+                let refused = guard.is_finite().all().bool_not().expand([p.shape().num_elements()]);
+                (
+                    updated.mask_where(refused.clone(), p),
+                    m.mask_where(refused.clone(), self.m.clone()),
+                    v.mask_where(refused, self.v.clone()),
+                )
+            }
+        };
         self.m = m;
         self.v = v;
         let mut scatter = Scatter::<AB> { flat: p, offset: 0, _b: std::marker::PhantomData };
         model.map(&mut scatter)
+    }
+
+    /// Takes back the step count of an update its guard refused (the
+    /// parameters and moments kept their values on the device).
+    pub fn refused(&mut self) {
+        self.step = self.step.saturating_sub(1);
     }
 
     /// The moments as host buffers, one per parameter (for a checkpoint).

@@ -11,11 +11,11 @@ use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::step::{Pass, PlacementStep, UpdateSettings, accumulate};
+use super::step::{Pass, PlacementStep, UpdateSettings, Updated, accumulate};
 use crate::TrainError;
 use drove_device::BucketAllReduce;
 
-use crate::device::{DeviceAdamW, all_reduce_planned, clip_global_norm, flatten, scalar, take_gradients};
+use crate::device::{DeviceAdamW, all_reduce_planned, clip_global_norm, flatten, take_gradients};
 use crate::flat::{FlatAdamW, FlatParams};
 use crate::micro::MicroBatches;
 use crate::phase::{PhaseTimes, phase};
@@ -107,7 +107,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
         model: M,
         u: &UpdateSettings<'_>,
         times: &mut PhaseTimes,
-    ) -> (M, Result<f64, TrainError>) {
+        loss: Option<Tensor<B::InnerBackend, 1>>,
+    ) -> (M, Result<Updated, TrainError>) {
         let Some(mut tensors) = self.pending.take() else {
             return (model, Err(TrainError::Options("apply needs a backward pass first".into())));
         };
@@ -122,17 +123,33 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
             return (model, Err(e));
         }
         if tensors.is_empty() {
-            return (model, Ok(0.0));
+            let loss = loss.map(drove_kernels::transfer::read_scalar);
+            return (model, Ok(Updated { grad_norm: 0.0, loss }));
         }
-        // Queued on the device without a host decision; the norm is read
-        // back once the update is queued too (the step's one sync).
+        // Queued on the device without a host decision; the norm (and the
+        // loss that guards the update, if given) is read back once the update
+        // is queued too: the step's one blocking read.
         let (grads, norm) =
             phase(u.timeline, "clip", &mut times.clip, || clip_global_norm(flatten(&tensors), u.clip));
-        let (model, norm) = phase(u.timeline, "optimizer", &mut times.update, || {
-            let model = self.optim.update(model, grads, u.lr);
-            (model, scalar(norm))
-        });
-        (model, Ok(norm))
+        // The update is guarded on the device by the norm (the same on every
+        // rank) and the loss where given: the values the step reads.
+        let guarded = loss.is_some();
+        let guard = match loss {
+            Some(loss) => Tensor::cat(vec![loss, norm], 0),
+            None => norm,
+        };
+        phase(u.timeline, "optimizer", &mut times.update, || {
+            let model = self.optim.update(model, grads, u.lr, Some(guard.clone()));
+            let read = crate::flat::to_f32(drove_kernels::transfer::read(guard), 0).map(|values| {
+                let values: Vec<f64> = values.into_iter().map(f64::from).collect();
+                if !values.iter().all(|v| v.is_finite()) {
+                    self.optim.refused();
+                }
+                let grad_norm = values.last().copied().unwrap_or(f64::NAN);
+                Updated { grad_norm, loss: guarded.then(|| values[0]) }
+            });
+            (model, read)
+        })
     }
 
     fn steps(&self) -> u64 {

@@ -8,11 +8,12 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 use burn::module::AutodiffModule;
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use drove_collective::ReduceOptions;
 use drove_collective::fusion::all_reduce_planned;
 
-use super::step::{Pass, PlacementStep, UpdateSettings, accumulate};
+use super::step::{Pass, PlacementStep, UpdateSettings, Updated, accumulate};
 use crate::TrainError;
 use crate::flat::{FlatAdamW, FlatParams, clip_global_norm, global_norm, take_gradients};
 use crate::micro::{MicroBatches, add_into};
@@ -81,10 +82,18 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for HostPlace
         model: M,
         u: &UpdateSettings<'_>,
         times: &mut PhaseTimes,
-    ) -> (M, Result<f64, TrainError>) {
+        loss: Option<Tensor<B::InnerBackend, 1>>,
+    ) -> (M, Result<Updated, TrainError>) {
         let Some(mut flat) = self.pending.take() else {
             return (model, Err(TrainError::Options("apply needs a backward pass first".into())));
         };
+        // On the host a guard is read first: a loss that is not finite leaves
+        // everything as it was.
+        let loss = loss.map(drove_kernels::transfer::read_scalar);
+        if loss.is_some_and(|l| !l.is_finite()) {
+            self.reduced = false;
+            return (model, Ok(Updated { grad_norm: f64::NAN, loss }));
+        }
         let averaged = std::mem::take(&mut self.reduced);
         let reduced = phase(u.timeline, "gradient all-reduce", &mut times.all_reduce, || {
             if averaged {
@@ -100,11 +109,15 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for HostPlace
         let norm = phase(u.timeline, "clip", &mut times.clip, || {
             if u.clip > 0.0 { clip_global_norm(&mut flat, u.clip) } else { global_norm(&flat) }
         });
+        if !norm.is_finite() {
+            // Every rank has this norm (of the averaged gradients): none updates.
+            return (model, Ok(Updated { grad_norm: norm, loss }));
+        }
         let model = phase(u.timeline, "optimizer", &mut times.update, || {
             self.optim.update(&mut self.params, &flat, u.lr);
             self.params.write(model, &self.device)
         });
-        (model, Ok(norm))
+        (model, Ok(Updated { grad_norm: norm, loss }))
     }
 
     fn steps(&self) -> u64 {

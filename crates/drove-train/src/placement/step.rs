@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 use drove_collective::Collective;
 use drove_collective::fusion::{FusionOptions, Plan};
@@ -21,6 +22,15 @@ use drove_device::BucketAllReduce;
 /// One micro-batch's forward and backward pass, as the replica runs it:
 /// `(index, rows, model)` to the loss value and the gradients.
 pub(crate) type Pass<'a, M> = dyn Fn(usize, Range<usize>, &M) -> (f64, GradientsParams) + Sync + 'a;
+
+/// What an update read back from the device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Updated {
+    /// The global norm of the averaged gradients before clipping.
+    pub grad_norm: f64,
+    /// The step's loss, where it guarded the update (read with the norm).
+    pub loss: Option<f64>,
+}
 
 /// What an update needs besides the state it changes.
 pub(crate) struct UpdateSettings<'a> {
@@ -62,13 +72,20 @@ pub(crate) trait PlacementStep<B: AutodiffBackend, M: AutodiffModule<B>> {
 
     /// The update from the pending gradients: averaged across ranks, clipped,
     /// and applied by AdamW; returns the model (unchanged if the all-reduce
-    /// failed) and the norm before clipping. The gradients are used up.
+    /// failed) and what was read back. The gradients are used up.
+    ///
+    /// With `loss` (the step's loss, still on the device) the update is
+    /// guarded by it: when the loss or the gradient norm is not finite the
+    /// parameters and optimizer state keep their values, and both are read
+    /// back together, after the update is queued (the backend placement's
+    /// one blocking read of a step).
     fn update(
         &mut self,
         model: M,
         u: &UpdateSettings<'_>,
         times: &mut PhaseTimes,
-    ) -> (M, Result<f64, TrainError>);
+        loss: Option<Tensor<B::InnerBackend, 1>>,
+    ) -> (M, Result<Updated, TrainError>);
 
     /// Whether an overlapped pass can hand this placement its gradients
     /// (averaged on the host): the host placement, and the backend one with

@@ -26,6 +26,43 @@ pub enum LossReduction {
     Sum,
 }
 
+/// When the backend placement reads a step's loss back to the host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossRead {
+    /// Kept on the device until the update. In a world of one rank it
+    /// guards the update there (a loss or gradient norm that is not finite
+    /// leaves the parameters and optimizer state as they were) and is read
+    /// with the gradient norm: one blocking read a step. In a larger world it
+    /// is read once backward is queued, before the loss all-reduce that stops
+    /// every rank ahead of any update.
+    #[default]
+    AtUpdate,
+    /// Read after each micro-batch's forward pass, before its backward pass
+    /// is queued (the device then idles while the host builds backward).
+    AfterForward,
+}
+
+impl std::str::FromStr for LossRead {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "at-update" => Ok(LossRead::AtUpdate),
+            "after-forward" => Ok(LossRead::AfterForward),
+            other => Err(format!("expected at-update or after-forward, found {other:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for LossRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LossRead::AtUpdate => "at-update",
+            LossRead::AfterForward => "after-forward",
+        })
+    }
+}
+
 /// How a [`Replica`](crate::Replica) trains. Every rank must use the same options.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplicaOptions {
@@ -67,6 +104,9 @@ pub struct ReplicaOptions {
     /// `Autodiff` backend, host reduction. The same parameters bit for bit
     /// as without it.
     pub overlap: bool,
+    /// When the backend placement reads a step's loss (the host placement
+    /// reads it after each forward pass: its gradients go through the host).
+    pub loss_read: LossRead,
 }
 
 impl Default for ReplicaOptions {
@@ -86,6 +126,7 @@ impl Default for ReplicaOptions {
             placement: Placement::Host,
             root: 0,
             overlap: true,
+            loss_read: LossRead::AtUpdate,
         }
     }
 }

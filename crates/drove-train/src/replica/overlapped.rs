@@ -30,8 +30,8 @@ pub(super) struct Weigh {
 
 impl Weigh {
     /// The forward pass of micro-batch `index` (rows `range`) on `model`:
-    /// its loss as a number and as the weighed tensor to run backward from.
-    pub(super) fn forward<B, M, T, F>(
+    /// its weighed loss, the tensor to run backward from (not read back).
+    pub(super) fn loss<B, M, T, F>(
         &self,
         batch: &T,
         loss: &F,
@@ -39,7 +39,7 @@ impl Weigh {
         range: Range<usize>,
         model: &M,
         timeline: &Timeline,
-    ) -> (f64, Tensor<B, 1>)
+    ) -> Tensor<B, 1>
     where
         B: AutodiffBackend,
         T: Rows + ?Sized,
@@ -55,9 +55,8 @@ impl Weigh {
         if self.reduction == LossReduction::Mean {
             value = value.mul_scalar(weight);
         }
-        let scalar = drove_kernels::transfer::read_scalar(value.clone());
         timeline.record("forward", "micro", Track::Micro(index), forward);
-        (scalar, value)
+        value
     }
 }
 
@@ -145,7 +144,8 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let micro = &self.micro;
         let work = |index: usize, (range, model): (Range<usize>, M)| {
             let finish = Finish { tx: tx.clone(), micro: index };
-            let (scalar, value) = weigh.forward(batch, loss, index, range, &model, timeline);
+            let value = weigh.loss(batch, loss, index, range, &model, timeline);
+            let scalar = drove_kernels::transfer::read_scalar(value.clone());
             let backward = Instant::now();
             let _ = finish.tx.send(Arrival::Backward { micro: index, at: backward });
             let probes = measure.then(|| Probes::new(&model));

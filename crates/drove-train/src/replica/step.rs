@@ -35,8 +35,9 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         T: Rows + ?Sized,
         F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
     {
-        let local = self.backward(batch, loss)?;
+        self.backward_pass(batch, loss)?;
         if self.passes < self.options.backward_passes_per_step {
+            let local = self.loss_so_far();
             return Ok(StepOutcome {
                 applied: false,
                 step: self.steps(),
@@ -53,9 +54,34 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
 
     /// One backward pass: the micro-batches' gradients are added to those
     /// accumulated since the last update. Returns this rank's loss over the
-    /// step so far. [`step`](Self::step) is this followed, when due, by
+    /// step so far (a blocking read where the loss is kept on the device,
+    /// [`LossRead::AtUpdate`](crate::LossRead::AtUpdate)). [`step`](Self::step) is this followed, when due, by
     /// [`apply`](Self::apply).
     pub fn backward<T, F>(&mut self, batch: &T, loss: F) -> Result<f64, TrainError>
+    where
+        T: Rows + ?Sized,
+        F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
+    {
+        self.backward_pass(batch, loss)?;
+        Ok(self.loss_so_far())
+    }
+
+    /// This rank's loss over the step's passes so far, the part kept on the
+    /// device read back (and kept on the host from then on).
+    fn loss_so_far(&mut self) -> f64 {
+        if let Some(deferred) = self.deferred_loss.take() {
+            self.local_loss += drove_kernels::transfer::read_scalar(deferred);
+        }
+        self.local_loss
+    }
+
+    /// Whether this step's losses stay on the device until the update.
+    fn defers_loss(&self) -> bool {
+        self.options.loss_read == crate::LossRead::AtUpdate && self.options.placement == crate::Placement::Backend
+    }
+
+    /// [`backward`](Self::backward) without reading the loss.
+    fn backward_pass<T, F>(&mut self, batch: &T, loss: F) -> Result<(), TrainError>
     where
         T: Rows + ?Sized,
         F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
@@ -78,7 +104,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             self.local_loss += total;
             // The wait for the engine after backward is the exposed all-reduce, not compute.
             self.compute += started.elapsed().saturating_sub(self.exposed - exposed_before);
-            return Ok(self.local_loss);
+            return Ok(());
         }
         let measure = kind == PassKind::Measure;
         let model = self.model();
@@ -89,8 +115,17 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let measured = std::sync::Mutex::new(Vec::new());
         let weigh = self.weigh(rows);
         let timeline = self.timeline;
+        let defer = self.defers_loss();
+        // Each micro-batch's loss on the device, where it is not read now.
+        let kept = std::sync::Mutex::new(Vec::new());
         let pass = |index: usize, range: Range<usize>, model: &M| {
-            let (scalar, value) = weigh.forward(batch, &loss, index, range, model, timeline);
+            let value = weigh.loss(batch, &loss, index, range, model, timeline);
+            let scalar = if defer {
+                kept.lock().unwrap_or_else(|e| e.into_inner()).push((index, value.clone().inner()));
+                0.0
+            } else {
+                drove_kernels::transfer::read_scalar(value.clone())
+            };
             let backward = Instant::now();
             let probes = measure.then(|| Probes::new(model));
             let root = match &probes {
@@ -110,10 +145,19 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             measured.sort_by_key(|(index, _)| *index);
             self.overlap.learn(measured.into_iter().map(|(_, levels)| levels).collect(), &self.device);
         }
+        let mut kept = kept.into_inner().unwrap_or_else(|e| e.into_inner());
+        // Summed in micro-batch order, as the host sums the read values.
+        kept.sort_by_key(|(index, _)| *index);
+        for (_, value) in kept {
+            self.deferred_loss = Some(match self.deferred_loss.take() {
+                Some(sum) => sum + value,
+                None => value,
+            });
+        }
         self.passes += 1;
         self.local_loss += total;
         self.compute += started.elapsed();
-        Ok(self.local_loss)
+        Ok(())
     }
 
     /// How a micro-batch's loss is weighed in a step of `rows` rows.
@@ -157,31 +201,43 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             ..PhaseTimes::default()
         };
         self.overlap.local = None;
-        let local_loss = std::mem::take(&mut self.local_loss);
+        let mut local_loss = std::mem::take(&mut self.local_loss);
         let passes = std::mem::take(&mut self.passes);
         let step = self.steps() + 1;
+        // Alone, a loss kept on the device guards the update there and is
+        // read with the gradient norm; in a larger world it is read now.
+        let guard = match self.deferred_loss.take() {
+            Some(loss) if self.comm.world_size() == 1 && local_loss.is_finite() => Some(loss),
+            Some(loss) => {
+                local_loss += drove_kernels::transfer::read_scalar(loss);
+                None
+            }
+            None => None,
+        };
         // The loss first: a rank whose loss is not finite stops every rank
         // before any update, so the parameters stay those of the last step.
-        let global_loss = match self.global_loss(local_loss) {
-            Ok(loss) if loss.is_finite() => loss,
-            other => {
-                self.overlap.local = None;
-                self.placement.discard_gradients();
-                let loss = other?;
-                return Err(self.non_finite(step, "loss", loss, local_loss));
-            }
+        let checked = match guard {
+            Some(_) => None,
+            None => Some(self.finite_global_loss(step, local_loss)?),
         };
         let settings =
             UpdateSettings { comm, fusion, plan: &self.buckets, clip, lr, timeline: self.timeline };
         let model = self.model.take().expect("the model is always put back");
-        let (model, grad_norm) = self.placement.update(model, &settings, &mut times);
+        let (model, updated) = self.placement.update(model, &settings, &mut times, guard);
         self.model = Some(model);
-        let grad_norm = match grad_norm {
-            Ok(norm) if !norm.is_finite() => {
-                return Err(self.non_finite(step, "global gradient norm", norm, local_loss));
+        let updated = updated?;
+        // Where the loss guarded the update, the device refused it when the
+        // loss or the norm was not finite: the same errors, after the read.
+        if let Some(loss) = updated.loss {
+            local_loss += loss;
+            if !local_loss.is_finite() {
+                return Err(self.non_finite(step, "loss", local_loss, local_loss));
             }
-            other => other?,
-        };
+        }
+        let (global_loss, grad_norm) = (checked.unwrap_or(local_loss), updated.grad_norm);
+        if !grad_norm.is_finite() {
+            return Err(self.non_finite(step, "global gradient norm", grad_norm, local_loss));
+        }
         Ok(StepOutcome {
             applied: true,
             step: self.steps(),
@@ -192,6 +248,20 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             lr: Some(lr),
             times,
         })
+    }
+
+    /// The mean of the ranks' local losses, or the error that stops every
+    /// rank before any update when it is not finite.
+    fn finite_global_loss(&mut self, step: u64, local_loss: f64) -> Result<f64, TrainError> {
+        match self.global_loss(local_loss) {
+            Ok(loss) if loss.is_finite() => Ok(loss),
+            other => {
+                self.overlap.local = None;
+                self.placement.discard_gradients();
+                let loss = other?;
+                Err(self.non_finite(step, "loss", loss, local_loss))
+            }
+        }
     }
 
     /// The mean of the ranks' local losses (one scalar all-reduce).
