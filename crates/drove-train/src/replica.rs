@@ -97,8 +97,10 @@ pub struct Replica<'c, B: AutodiffBackend, M: AutodiffModule<B>> {
     micro: MicroBatches,
     passes: usize,
     local_loss: f64,
-    /// The step's loss so far, kept on the device ([`LossRead::AtUpdate`]).
-    deferred_loss: Option<Tensor<B::InnerBackend, 1>>,
+    /// The step's losses so far, kept on the device ([`LossRead::AtUpdate`]):
+    /// each pass's micro-batch losses in order, added up on the host once
+    /// read, in the order the host adds values it reads at once.
+    deferred_loss: Vec<Vec<Tensor<B::InnerBackend, 1>>>,
     compute: Duration,
     /// The overlapped passes' all-reduce time left after backward ended.
     exposed: Duration,
@@ -161,7 +163,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             placement,
             micro,
             passes: 0,
-            deferred_loss: None,
+            deferred_loss: Vec::new(),
             local_loss: 0.0,
             compute: Duration::ZERO,
             exposed: Duration::ZERO,
@@ -303,7 +305,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         self.model = Some(params.write(model, &self.device));
         self.placement.restore(params, optim);
         (self.passes, self.local_loss, self.compute) = (0, 0.0, Duration::ZERO);
-        self.deferred_loss = None;
+        self.deferred_loss.clear();
         (self.exposed, self.communication, self.overlap.local) = (Duration::ZERO, Duration::ZERO, None);
         Ok(state)
     }

@@ -315,9 +315,11 @@ fn resumed(first: Placement, then: Placement, dir: &Path) -> Vec<f32> {
     train(&mut replica, plan, 0, 3);
     let saved = replica.save(dir, &serde_json::json!({ "next_step": 3 }), &[], 2).unwrap();
     assert_eq!(saved.unwrap(), dir.join("step-00000003"));
-    // Another model altogether until the checkpoint is loaded.
+    // Another model altogether until the checkpoint is loaded, which has
+    // taken a step of its own (the device optimizer then holds its buffer).
     let other = tagger(&Default::default());
     let mut replica = Replica::new(other, &SingleProcess, options(then), &Default::default()).unwrap();
+    train(&mut replica, plan, 0, 1);
     let state = replica.load(&dir.join("step-00000003")).unwrap();
     assert_eq!(state["next_step"], 3);
     assert_eq!(replica.steps(), 3);

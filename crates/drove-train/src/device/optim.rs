@@ -68,6 +68,11 @@ pub struct DeviceAdamW<B: Backend> {
     /// + 1` is each element's factor exactly (`keep` or 1; `keep - 1` is
     /// exact in f32, `keep` lying within a factor 2 of 1).
     decays: Tensor<B, 1>,
+    /// The flat buffer the model's parameters are views of since the last
+    /// update, so that the next one needs no gather (104 copies for MiniLM
+    /// and a copy of every parameter). Dropped by [`DeviceAdamW::load_flat`]:
+    /// the parameters change only through this optimizer or a restore.
+    params: Option<Tensor<B, 1>>,
 }
 
 impl<B: Backend> DeviceAdamW<B> {
@@ -88,6 +93,7 @@ impl<B: Backend> DeviceAdamW<B> {
             decay,
             sizes,
             decays: drove_kernels::transfer::upload(TensorData::new(mask, [total]), device),
+            params: None,
         }
     }
 
@@ -110,17 +116,22 @@ impl<B: Backend> DeviceAdamW<B> {
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
-        let mut gather = Gather::<AB> { out: Vec::new() };
-        model.visit(&mut gather);
-        assert_eq!(gather.out.len(), self.sizes.len(), "one gradient per parameter");
-        if gather.out.is_empty() {
+        if self.sizes.is_empty() {
             return model;
         }
+        let p = match self.params.take() {
+            Some(kept) => kept,
+            None => {
+                let mut gather = Gather::<AB> { out: Vec::new() };
+                model.visit(&mut gather);
+                assert_eq!(gather.out.len(), self.sizes.len(), "one gradient per parameter");
+                flatten(&gather.out)
+            }
+        };
         self.step += 1;
         let k = AdamWStep::new(&self.settings, self.step, lr);
         let keep = k.keep(true);
         let AdamWStep { b1, b2, eps, step_size, c2_sqrt, .. } = k;
-        let p = flatten(&gather.out);
         let g = grads;
         // The order of FlatAdamW::update, operation for operation.
         let m = self.m.clone().mul_scalar(b1) + g.clone().mul_scalar(1.0 - b1);
@@ -143,6 +154,7 @@ impl<B: Backend> DeviceAdamW<B> {
         };
         self.m = m;
         self.v = v;
+        self.params = Some(p.clone());
         let mut scatter = Scatter::<AB> { flat: p, offset: 0, _b: std::marker::PhantomData };
         model.map(&mut scatter)
     }
@@ -187,6 +199,7 @@ impl<B: Backend> DeviceAdamW<B> {
         self.m = write(&flat.m);
         self.v = write(&flat.v);
         self.step = flat.step;
+        self.params = None;
     }
 }
 

@@ -123,8 +123,8 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
             return (model, Err(e));
         }
         if tensors.is_empty() {
-            let loss = loss.map(drove_kernels::transfer::read_scalar);
-            return (model, Ok(Updated { grad_norm: 0.0, loss }));
+            let loss = loss.map(|l| crate::flat::to_f32(drove_kernels::transfer::read(l), 0)).transpose();
+            return (model, loss.map(|loss| Updated { grad_norm: 0.0, loss }));
         }
         // Queued on the device without a host decision; the norm (and the
         // loss that guards the update, if given) is read back once the update
@@ -133,20 +133,19 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
             phase(u.timeline, "clip", &mut times.clip, || clip_global_norm(flatten(&tensors), u.clip));
         // The update is guarded on the device by the norm (the same on every
         // rank) and the loss where given: the values the step reads.
-        let guarded = loss.is_some();
+        let guarded = loss.as_ref().map(|l| l.shape().num_elements());
         let guard = match loss {
             Some(loss) => Tensor::cat(vec![loss, norm], 0),
             None => norm,
         };
         phase(u.timeline, "optimizer", &mut times.update, || {
             let model = self.optim.update(model, grads, u.lr, Some(guard.clone()));
-            let read = crate::flat::to_f32(drove_kernels::transfer::read(guard), 0).map(|values| {
-                let values: Vec<f64> = values.into_iter().map(f64::from).collect();
+            let read = crate::flat::to_f32(drove_kernels::transfer::read(guard), 0).map(|mut values| {
                 if !values.iter().all(|v| v.is_finite()) {
                     self.optim.refused();
                 }
-                let grad_norm = values.last().copied().unwrap_or(f64::NAN);
-                Updated { grad_norm, loss: guarded.then(|| values[0]) }
+                let grad_norm = values.pop().map_or(f64::NAN, f64::from);
+                Updated { grad_norm, loss: guarded.map(|_| values) }
             });
             (model, read)
         })

@@ -89,8 +89,11 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for HostPlace
         };
         // On the host a guard is read first: a loss that is not finite leaves
         // everything as it was.
-        let loss = loss.map(drove_kernels::transfer::read_scalar);
-        if loss.is_some_and(|l| !l.is_finite()) {
+        let loss = match loss.map(|l| crate::flat::to_f32(drove_kernels::transfer::read(l), 0)).transpose() {
+            Ok(loss) => loss,
+            Err(e) => return (model, Err(e)),
+        };
+        if loss.as_ref().is_some_and(|l| !l.iter().all(|v| v.is_finite())) {
             self.reduced = false;
             return (model, Ok(Updated { grad_norm: f64::NAN, loss }));
         }

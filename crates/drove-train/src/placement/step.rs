@@ -24,12 +24,12 @@ use drove_device::BucketAllReduce;
 pub(crate) type Pass<'a, M> = dyn Fn(usize, Range<usize>, &M) -> (f64, GradientsParams) + Sync + 'a;
 
 /// What an update read back from the device.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Updated {
     /// The global norm of the averaged gradients before clipping.
     pub grad_norm: f64,
-    /// The step's loss, where it guarded the update (read with the norm).
-    pub loss: Option<f64>,
+    /// The step's losses, where they guarded the update (read with the norm).
+    pub loss: Option<Vec<f32>>,
 }
 
 /// What an update needs besides the state it changes.

@@ -57,7 +57,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
     pub fn resync(&mut self, loop_state: &mut [u64]) -> Result<Resynced, TrainError> {
         self.placement.discard_gradients();
         (self.passes, self.local_loss, self.compute) = (0, 0.0, Duration::ZERO);
-        self.deferred_loss = None;
+        self.deferred_loss.clear();
         let (params, optim) = {
             let (p, o) = self.placement.host_state(self.model())?;
             (p.into_owned(), o.into_owned())

@@ -69,10 +69,34 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
     /// This rank's loss over the step's passes so far, the part kept on the
     /// device read back (and kept on the host from then on).
     fn loss_so_far(&mut self) -> f64 {
-        if let Some(deferred) = self.deferred_loss.take() {
-            self.local_loss += drove_kernels::transfer::read_scalar(deferred);
+        if let Some((passes, losses)) = self.take_deferred_loss() {
+            let values = crate::flat::to_f32(drove_kernels::transfer::read(losses), 0).unwrap_or_default();
+            self.add_losses(&passes, &values);
         }
         self.local_loss
+    }
+
+    /// The losses kept on the device, end to end in one tensor, and how many
+    /// each pass has; `None` when there are none.
+    fn take_deferred_loss(&mut self) -> Option<(Vec<usize>, Tensor<B::InnerBackend, 1>)> {
+        let passes = std::mem::take(&mut self.deferred_loss);
+        let counts = passes.iter().map(Vec::len).collect();
+        let all: Vec<_> = passes.into_iter().flatten().collect();
+        (!all.is_empty()).then(|| (counts, Tensor::cat(all, 0)))
+    }
+
+    /// Adds read-back losses to this rank's loss, pass by pass as the host
+    /// adds its own (each pass's micro-batches summed from 0, then added);
+    /// a missing value is NaN.
+    fn add_losses(&mut self, passes: &[usize], values: &[f32]) {
+        let mut values = values.iter().map(|&v| f64::from(v));
+        for &count in passes {
+            let mut total = 0.0;
+            for _ in 0..count {
+                total += values.next().unwrap_or(f64::NAN);
+            }
+            self.local_loss += total;
+        }
     }
 
     /// Whether this step's losses stay on the device until the update.
@@ -146,13 +170,9 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             self.overlap.learn(measured.into_iter().map(|(_, levels)| levels).collect(), &self.device);
         }
         let mut kept = kept.into_inner().unwrap_or_else(|e| e.into_inner());
-        // Summed in micro-batch order, as the host sums the read values.
-        kept.sort_by_key(|(index, _)| *index);
-        for (_, value) in kept {
-            self.deferred_loss = Some(match self.deferred_loss.take() {
-                Some(sum) => sum + value,
-                None => value,
-            });
+        if defer {
+            kept.sort_by_key(|(index, _)| *index);
+            self.deferred_loss.push(kept.into_iter().map(|(_, value)| value).collect());
         }
         self.passes += 1;
         self.local_loss += total;
@@ -206,10 +226,14 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let step = self.steps() + 1;
         // Alone, a loss kept on the device guards the update there and is
         // read with the gradient norm; in a larger world it is read now.
-        let guard = match self.deferred_loss.take() {
-            Some(loss) if self.comm.world_size() == 1 && local_loss.is_finite() => Some(loss),
-            Some(loss) => {
-                local_loss += drove_kernels::transfer::read_scalar(loss);
+        let alone = self.comm.world_size() == 1 && local_loss.is_finite();
+        let guard = match self.take_deferred_loss() {
+            Some(deferred) if alone => Some(deferred),
+            Some((passes, losses)) => {
+                self.local_loss = local_loss;
+                let values = crate::flat::to_f32(drove_kernels::transfer::read(losses), 0)?;
+                self.add_losses(&passes, &values);
+                local_loss = std::mem::take(&mut self.local_loss);
                 None
             }
             None => None,
@@ -223,13 +247,16 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let settings =
             UpdateSettings { comm, fusion, plan: &self.buckets, clip, lr, timeline: self.timeline };
         let model = self.model.take().expect("the model is always put back");
+        let (passes_kept, guard) = guard.unzip();
         let (model, updated) = self.placement.update(model, &settings, &mut times, guard);
         self.model = Some(model);
         let updated = updated?;
         // Where the loss guarded the update, the device refused it when the
         // loss or the norm was not finite: the same errors, after the read.
-        if let Some(loss) = updated.loss {
-            local_loss += loss;
+        if let (Some(passes), Some(losses)) = (passes_kept, &updated.loss) {
+            self.local_loss = local_loss;
+            self.add_losses(&passes, losses);
+            local_loss = std::mem::take(&mut self.local_loss);
             if !local_loss.is_finite() {
                 return Err(self.non_finite(step, "loss", local_loss, local_loss));
             }
