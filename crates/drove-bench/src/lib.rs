@@ -48,6 +48,7 @@ mod error;
 mod flags;
 mod machine;
 pub mod mask;
+pub mod matmul;
 mod measure;
 pub mod nccl;
 pub mod scaling;

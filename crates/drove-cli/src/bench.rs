@@ -9,6 +9,7 @@ use clap::Args;
 use drove_bench::allreduce::{AllreduceOptions, WorkerCommand, WorkerOptions};
 use drove_bench::coordinator::CoordinatorOptions;
 use drove_bench::mask::MaskOptions;
+use drove_bench::matmul::MatmulOptions;
 use drove_bench::nccl::NcclOptions;
 use drove_bench::scaling::ScalingOptions;
 use drove_bench::train::{Cpu, TrainOptions, Trainer};
@@ -80,6 +81,19 @@ pub struct NcclArgs {
     /// for bit. Exit code 1 when a check fails (after printing the report).
     #[arg(long)]
     buckets: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Settings of `drove bench matmul`.
+#[derive(Debug, Args)]
+pub struct MatmulArgs {
+    #[command(flatten)]
+    options: MatmulOptions,
+    /// The GPU: cuda, cuda:N, wgpu or wgpu:N.
+    #[arg(long, default_value = "cuda")]
+    device: DeviceChoice,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -193,5 +207,21 @@ pub fn nccl(args: &NcclArgs) -> anyhow::Result<ExitCode> {
     {
         let _ = args;
         anyhow::bail!("drove bench nccl: {}", drove_ner::BUILD_HINT)
+    }
+}
+
+/// `drove bench matmul`: cubek's matmul kernels (and cuBLAS on CUDA) on the
+/// GEMMs of a MiniLM step; a kernel whose product is off the reference is a
+/// row with `matched: false`, not a failure of the command.
+pub fn matmul(args: &MatmulArgs) -> anyhow::Result<()> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        let report = drove_bench::matmul::run(&args.options, args.device)?;
+        print(&report, args.json, || serde_json::to_string_pretty(&report).expect("json") + "\n")
+    }
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    {
+        let _ = args;
+        anyhow::bail!("drove bench matmul: {}", drove_ner::BUILD_HINT)
     }
 }

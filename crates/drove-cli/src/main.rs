@@ -138,6 +138,9 @@ enum BenchCommand {
     /// on one GPU with --gpu 0 where NCCL allows it); --buckets checks the
     /// in-place path on burn tensors instead (built with feature `nccl`).
     Nccl(bench::NcclArgs),
+    /// cubek's matmul kernels timed on the GEMMs of a MiniLM step, each
+    /// result checked, beside cuBLAS on CUDA (built with `cuda` or `wgpu`).
+    Matmul(bench::MatmulArgs),
 }
 
 /// Logs to stderr, filtered by `RUST_LOG`, else by `default` with the Vulkan
@@ -177,6 +180,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench { what: BenchCommand::Train(args) } => done(bench::train(&args)),
         Command::Bench { what: BenchCommand::Scaling(args) } => done(bench::scaling(&args)),
         Command::Bench { what: BenchCommand::Nccl(args) } => bench::nccl(&args),
+        Command::Bench { what: BenchCommand::Matmul(args) } => done(bench::matmul(&args)),
         Command::Weights(args) => done(weights::weights(&args)),
         Command::Seed(args) => done(seed::run(&args)),
         Command::Coordinator(flags) => done(control::serve(&flags)),

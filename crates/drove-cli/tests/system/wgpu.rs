@@ -298,3 +298,41 @@ fn without_the_vulkan_loader_the_error_names_it() {
         &["--device wgpu", "no Vulkan loader", "libvulkan.so.1"],
     );
 }
+
+#[test]
+fn bench_matmul_quick_times_each_kernel_that_launches_and_each_result_matches() {
+    let Some(manifest) = or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = drove(&manifest, &runtime_dir(dir.path()));
+    cmd.args(["bench", "matmul", "--device", "wgpu", "--quick", "--json"]);
+    let (status, out, err) = Proc::spawn(&mut cmd).finish(DEADLINE);
+    assert!(status.success(), "{status}\n{err}");
+    let json = out.iter().find(|l| l.starts_with('{')).expect("the report's JSON line");
+    let report: serde_json::Value = serde_json::from_str(json).expect("one JSON object");
+    let rows = report["rows"].as_array().expect("rows");
+    // One tiny step: 3 GEMMs of a dense layer and 3 of attention, each by
+    // every kernel; no cuBLAS on wgpu, said so.
+    assert_eq!(rows.len(), 6 * 12, "{report}");
+    assert_eq!(report["skipped"], 0);
+    assert_eq!(report["cublas"]["available"], false);
+    let mut ran = Vec::new();
+    for row in rows {
+        for key in ["class", "m", "n", "k", "batch", "strategy", "precision"] {
+            assert!(!row[key].is_null(), "{key} missing in {row}");
+        }
+        if row["error"].is_null() {
+            // cubek 0.2's double_unit is wrong on lavapipe where k is not a
+            // multiple of 16 (8 and 24 here); every other product that ran
+            // matches the f64 one. The sweep's `matched` is what tells.
+            let known = row["strategy"] == "double_unit" && row["k"].as_u64().unwrap() % 16 != 0;
+            assert_eq!(row["matched"], !known, "a product off the f64 reference: {row}");
+            assert!(row["mean_us"].as_f64().is_some_and(|t| t > 0.0) && row["tflops"].as_f64().is_some(), "{row}");
+            ran.push(row["strategy"].as_str().unwrap().to_string());
+        }
+    }
+    ran.sort();
+    ran.dedup();
+    eprintln!("kernels that launch on lavapipe: {ran:?}");
+    // lavapipe has no tensor cores: at least the unit kernels run.
+    assert!(ran.contains(&"simple_unit".to_string()) && ran.contains(&"double_unit".to_string()), "{ran:?}");
+}
