@@ -408,7 +408,8 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
         let dropout_seed = StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0];
         let num_labels = self.data.labels.len();
         let computed = Instant::now();
-        self.replica.backward(&BatchRows(batch), |model, micro| {
+        // The loss stays where the placement keeps it: it comes with apply.
+        self.replica.pass(&BatchRows(batch), |model, micro| {
             drove_bert::seed_dropout_rows(dropout_seed, micro.rows.start);
             let part = micro.batch.0.rows(micro.rows.clone());
             let (ids, types, mask) = batch_tensors::<B>(&part, device);

@@ -232,6 +232,9 @@ fn a_training_step_launches_no_more_kernels_than_recorded() {
     let transfers = &report["transfers_per_step"];
     eprintln!("{launched} kernels launched a step, {compiled} compiled; transfers a step: {transfers}");
     assert!(launched > 0.0 && compiled > 0, "nothing counted: {report}");
+    // One blocking read a step (the loss and the gradient norm together,
+    // at the end); uploads: the batch's ids, mask and one-hot labels.
+    assert_eq!(transfers["max_reads"], 1, "reads a step: {transfers}");
     assert!(
         launched <= LAUNCHES_PER_STEP * 1.1,
         "a step launched {launched} kernels, over the {LAUNCHES_PER_STEP} recorded (+10%)"

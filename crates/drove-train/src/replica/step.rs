@@ -35,7 +35,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         T: Rows + ?Sized,
         F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
     {
-        self.backward_pass(batch, loss)?;
+        self.pass(batch, loss)?;
         if self.passes < self.options.backward_passes_per_step {
             let local = self.loss_so_far();
             return Ok(StepOutcome {
@@ -62,7 +62,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         T: Rows + ?Sized,
         F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
     {
-        self.backward_pass(batch, loss)?;
+        self.pass(batch, loss)?;
         Ok(self.loss_so_far())
     }
 
@@ -104,8 +104,12 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         self.options.loss_read == crate::LossRead::AtUpdate && self.options.placement == crate::Placement::Backend
     }
 
-    /// [`backward`](Self::backward) without reading the loss.
-    fn backward_pass<T, F>(&mut self, batch: &T, loss: F) -> Result<(), TrainError>
+    /// [`backward`](Self::backward) without reading the loss back: where the
+    /// placement keeps it on the device ([`LossRead::AtUpdate`](crate::LossRead::AtUpdate)), it arrives
+    /// with [`apply`](Self::apply)'s outcome, read together with the gradient
+    /// norm. A trainer that looks at the loss only after the update calls
+    /// this, then `apply`.
+    pub fn pass<T, F>(&mut self, batch: &T, loss: F) -> Result<(), TrainError>
     where
         T: Rows + ?Sized,
         F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
