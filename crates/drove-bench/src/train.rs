@@ -13,8 +13,10 @@ use burn::backend::{Autodiff, Flex};
 use drove_comm::SingleProcess;
 use drove_device::DeviceChoice;
 use drove_device::kernels::KernelCache;
-use drove_ner::{GpuStep, GpuTraining as _, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner};
 use drove_kernels::transfer::{self, Transfers};
+use drove_ner::{
+    GpuStep, GpuTraining as _, NerError, NerOptions, NerSummary, Observer, StepReport, train_ner,
+};
 use drove_train::{PhaseTimes, Placement};
 use serde::Serialize;
 

@@ -1,4 +1,5 @@
-//! Dropout with masks drawn on the host from a small, explicitly seeded stream.
+//! Dropout with masks from a small, explicitly seeded stream, drawn on the
+//! device where drove has the kernel and on the host elsewhere.
 //!
 //! burn's `Dropout` samples a Bernoulli tensor through its generic distribution
 //! sampler, which costs about 25 ns an element on the CPU backend (an eighth of a
@@ -9,15 +10,25 @@
 //!
 //! Each row of a dropped tensor (its first dimension, the batch row) draws from
 //! its own stream, keyed by the seed, the call's place in the forward pass and
-//! the row's index in the whole batch. A trainer that splits a batch into
-//! micro-batches on several threads calls [`seed_dropout_rows`] with each one's
-//! first row, and gets exactly the masks of the unsplit batch.
+//! the row's index in the whole batch ([`drove_kernels::dropout::Mask`]). A
+//! trainer that splits a batch into micro-batches on several threads calls
+//! [`seed_dropout_rows`] with each one's first row, and gets exactly the masks
+//! of the unsplit batch.
+//!
+//! On drove's GPU backends (`drove_kernels::backends`) a kernel computes each
+//! element's mask value where it is used, the same bits as the host's, and
+//! recomputes it for the gradient: no mask is drawn on the host, uploaded or
+//! kept alive ([`Masks::Device`], the default). [`set_dropout_masks`] with
+//! [`Masks::Host`] draws them on the host for every backend, as the CPU does.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::nn::Dropout;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use drove_kernels::dropout::{Mask, masked};
+use drove_kernels::transfer;
 
 /// This thread's dropout stream: seed, first batch row, calls made since seeding.
 #[derive(Clone, Copy)]
@@ -29,6 +40,30 @@ struct Stream {
 
 thread_local! {
     static STATE: Cell<Stream> = const { Cell::new(Stream { seed: 0x9E37_79B9_7F4A_7C15, first_row: 0, calls: 0 }) };
+}
+
+/// Where dropout masks are drawn on a GPU backend; the masks are the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Masks {
+    /// By a kernel on the device, recomputed for the gradient (GPU backends
+    /// with drove's kernels; every other backend draws on the host).
+    #[default]
+    Device,
+    /// On the host, uploaded, and kept for the gradient (the CPU's path).
+    Host,
+}
+
+/// Whether masks are drawn on the host on every backend (process-wide).
+static HOST_MASKS: AtomicBool = AtomicBool::new(false);
+
+/// Sets where this process draws dropout masks from now on, on every thread.
+pub fn set_dropout_masks(masks: Masks) {
+    HOST_MASKS.store(masks == Masks::Host, Ordering::Relaxed);
+}
+
+/// Where this process draws dropout masks.
+pub fn dropout_masks() -> Masks {
+    if HOST_MASKS.load(Ordering::Relaxed) { Masks::Host } else { Masks::Device }
 }
 
 /// Restarts this thread's dropout stream at `seed`, for a forward pass over a
@@ -43,13 +78,14 @@ pub fn seed_dropout_rows(seed: u64, first_row: usize) {
     STATE.with(|s| s.set(Stream { seed, first_row: first_row as u64, calls: 0 }));
 }
 
-#[inline]
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// The mask of this thread's next dropout call (the call counted).
+fn next_mask(keep: f64) -> Mask {
+    let stream = STATE.with(|cell| {
+        let s = cell.get();
+        cell.set(Stream { calls: s.calls + 1, ..s });
+        s
+    });
+    Mask { seed: stream.seed, call: stream.calls, first_row: stream.first_row, keep }
 }
 
 /// Applies `dropout` to `x` when gradients are being tracked (training), as
@@ -59,38 +95,19 @@ pub fn dropout<B: Backend, const D: usize>(dropout: &Dropout, x: Tensor<B, D>) -
     if dropout.prob <= 0.0 || !B::ad_enabled(&device) {
         return x;
     }
-    let keep = 1.0 - dropout.prob;
+    let mask = next_mask(1.0 - dropout.prob);
+    let x = match dropout_masks() {
+        Masks::Device => match masked(x, mask) {
+            Ok(dropped) => return dropped,
+            Err(x) => x,
+        },
+        Masks::Host => x,
+    };
     let shape = x.shape();
-    let n = shape.num_elements();
-    let rows = shape.dims::<D>().first().copied().unwrap_or(1).max(1);
-    let per_row = n / rows;
-    let threshold = (keep * 4_294_967_296.0) as u64;
-    let scale = (1.0 / keep) as f32;
-    let mut mask = Vec::with_capacity(n);
-    let stream = STATE.with(|cell| {
-        let s = cell.get();
-        cell.set(Stream { calls: s.calls + 1, ..s });
-        s
-    });
-    for row in 0..rows as u64 {
-        // A row's stream: the seed moved by (call, row), scrambled once.
-        let mut state = stream.seed
-            ^ stream.calls.wrapping_add(1).wrapping_mul(0xD1B5_4A32_D192_ED03)
-            ^ (stream.first_row + row).wrapping_add(1).wrapping_mul(0x8CB9_2BA7_2F3D_8DD7);
-        state = splitmix(&mut state);
-        let mut i = 0;
-        while i < per_row {
-            let r = splitmix(&mut state);
-            for half in [r & 0xffff_ffff, r >> 32] {
-                if i < per_row {
-                    mask.push(if half < threshold { scale } else { 0.0 });
-                    i += 1;
-                }
-            }
-        }
-    }
-    let mask = Tensor::<B, D>::from_data(TensorData::new(mask, shape), &device);
-    x * mask
+    let (rows, per_row) = Mask::rows_of(&shape);
+    let values: Tensor<B, D> =
+        transfer::upload(TensorData::new(mask.host_values(rows, per_row), shape), &device);
+    x * values
 }
 
 #[cfg(test)]

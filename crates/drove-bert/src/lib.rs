@@ -36,16 +36,18 @@ mod dropout;
 mod gelu;
 mod load;
 mod model;
+mod sum_order;
 
 use std::path::PathBuf;
 
 pub use config::BertConfig;
-pub use dropout::{dropout, seed_dropout, seed_dropout_rows};
+pub use dropout::{Masks, dropout, dropout_masks, seed_dropout, seed_dropout_rows, set_dropout_masks};
 /// The safetensors header check run before every read (from `drove-safetensors`).
 pub use drove_safetensors::check_header as check_safetensors_header;
 pub use gelu::gelu;
 pub use load::{LoadReport, load_safetensors};
 pub use model::{Bert, BertForTokenClassification, Embeddings, Layer, mask_bias};
+pub use sum_order::{DEFAULT_ROWS_PER_CHUNK, DenseSums, EmbeddingSums, MAX_CHUNKS, SumOrder, TokenTypes};
 
 /// A model that cannot be built or loaded.
 #[derive(Debug, thiserror::Error)]

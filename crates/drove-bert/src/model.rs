@@ -13,6 +13,7 @@ use burn::tensor::{Int, Tensor};
 
 use crate::BertConfig;
 use crate::dropout::dropout;
+use crate::sum_order::{DenseSums, EmbeddingSums, SumOrder, TokenTypes};
 
 /// Word, position and token-type embeddings, summed, normalised, dropped out.
 #[derive(Module, Debug)]
@@ -31,12 +32,32 @@ pub struct Embeddings<B: Backend> {
 
 impl<B: Backend> Embeddings<B> {
     /// `ids` and `types`: `[batch, seq]`; returns `[batch, seq, hidden]`.
-    pub fn forward(&self, ids: Tensor<B, 2, Int>, types: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+    /// `sums` chooses how positions and types are added (the same values,
+    /// gradients summed in another order).
+    pub fn forward(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        types: impl Into<TokenTypes<B>>,
+        sums: EmbeddingSums,
+    ) -> Tensor<B, 3> {
         let [batch, seq] = ids.dims();
-        let device = ids.device();
-        let positions =
-            Tensor::<B, 1, Int>::arange(0..seq as i64, &device).reshape([1, seq]).repeat_dim(0, batch);
-        let x = self.word.forward(ids) + self.position.forward(positions) + self.token_type.forward(types);
+        let positions = match sums {
+            EmbeddingSums::Select => {
+                let positions = Tensor::<B, 1, Int>::arange(0..seq as i64, &ids.device());
+                self.position.forward(positions.reshape([1, seq]).repeat_dim(0, batch))
+            }
+            // `[1, seq, hidden]`, broadcast over the batch.
+            EmbeddingSums::Sliced => self.position.weight.val().slice(0..seq).unsqueeze::<3>(),
+        };
+        let types = match (types.into(), sums) {
+            (TokenTypes::Ids(types), _) => self.token_type.forward(types),
+            (TokenTypes::Zero, EmbeddingSums::Select) => self.token_type.forward(ids.zeros_like()),
+            // Row 0, `[1, 1, hidden]`, broadcast to every token.
+            (TokenTypes::Zero, EmbeddingSums::Sliced) => {
+                self.token_type.weight.val().slice(0..1).unsqueeze::<3>()
+            }
+        };
+        let x = self.word.forward(ids) + positions + types;
         dropout(&self.dropout, self.norm.forward(x))
     }
 }
@@ -72,8 +93,10 @@ pub struct Layer<B: Backend> {
 impl<B: Backend> Layer<B> {
     /// `x`: `[batch, seq, hidden]`; `mask_bias`: `[batch, 1, 1, seq]`, 0 on real
     /// tokens and a large negative number on padding.
-    pub fn forward(&self, x: Tensor<B, 3>, mask_bias: Tensor<B, 4>) -> Tensor<B, 3> {
+    /// `dense` chooses how the dense layers' gradients are summed.
+    pub fn forward(&self, x: Tensor<B, 3>, mask_bias: Tensor<B, 4>, dense: DenseSums) -> Tensor<B, 3> {
         let [batch, seq, hidden] = x.dims();
+        let dense = |linear: &Linear<B>, x: Tensor<B, 3>| self::dense(linear, x, dense);
         let head = hidden / self.heads;
         let split = |t: Tensor<B, 3>| t.reshape([batch, seq, self.heads, head]).swap_dims(1, 2);
         let q = split(dense(&self.query, x.clone()));
@@ -89,14 +112,33 @@ impl<B: Backend> Layer<B> {
     }
 }
 
-/// A linear layer over `[batch, seq, d]`, applied to the flattened
-/// `[batch * seq, d]` rows: one GEMM for the weight gradient instead of a
-/// batched one whose per-row results are then summed (burn's 3-D path).
-fn dense<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+/// A linear layer over `[batch, seq, d]`. [`DenseSums::Plain`]: applied to
+/// the flattened `[batch * seq, d]` rows, one GEMM for the weight gradient
+/// instead of a batched one per sequence whose results are then summed
+/// (burn's 3-D path). [`DenseSums::SplitK`]: the rows in `c` chunks times the
+/// weight broadcast over them, the bias added on the 3-D output.
+fn dense<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>, sums: DenseSums) -> Tensor<B, 3> {
     let [batch, seq, d] = x.dims();
-    let y = linear.forward(x.reshape([batch * seq, d]));
-    let out = y.dims()[1];
-    y.reshape([batch, seq, out])
+    let n = batch * seq;
+    if sums == DenseSums::Plain {
+        let y = linear.forward(x.reshape([n, d]));
+        let out = y.dims()[1];
+        return y.reshape([batch, seq, out]);
+    }
+    let weight = linear.weight.val();
+    let out = weight.dims()[1];
+    let y = match sums.chunks(n) {
+        1 => x.reshape([n, d]).matmul(weight).reshape([batch, seq, out]),
+        // burn-autodiff's matmul backward: the weight's gradient is
+        // `[c, d, n/c]^T-times-[c, n/c, out] = [c, d, out]`, summed over dim 0
+        // because the weight was broadcast from `[1, d, out]`.
+        c => x.reshape([c, n / c, d]).matmul(weight.unsqueeze::<3>()).reshape([batch, seq, out]),
+    };
+    match &linear.bias {
+        // The bias gradient: summed over the batch, then over the sequence.
+        Some(bias) => y + bias.val().reshape([1, 1, out]),
+        None => y,
+    }
 }
 
 /// The encoder: embeddings and layers.
@@ -106,6 +148,9 @@ pub struct Bert<B: Backend> {
     pub embeddings: Embeddings<B>,
     /// Layers.
     pub layers: Vec<Layer<B>>,
+    /// How the backward's sums over tokens are laid out (a choice of the
+    /// step, not saved with the weights).
+    pub sums: SumOrder,
 }
 
 /// Turns a `[batch, seq]` 0/1 attention mask into the additive bias the layers use.
@@ -120,13 +165,13 @@ impl<B: Backend> Bert<B> {
     pub fn forward(
         &self,
         ids: Tensor<B, 2, Int>,
-        types: Tensor<B, 2, Int>,
+        types: impl Into<TokenTypes<B>>,
         attention_mask: Tensor<B, 2>,
     ) -> Tensor<B, 3> {
         let bias = mask_bias(attention_mask);
-        let mut x = self.embeddings.forward(ids, types);
+        let mut x = self.embeddings.forward(ids, types, self.sums.embeddings);
         for layer in &self.layers {
-            x = layer.forward(x, bias.clone());
+            x = layer.forward(x, bias.clone(), self.sums.dense);
         }
         x
     }
@@ -148,11 +193,18 @@ impl<B: Backend> BertForTokenClassification<B> {
     pub fn forward(
         &self,
         ids: Tensor<B, 2, Int>,
-        types: Tensor<B, 2, Int>,
+        types: impl Into<TokenTypes<B>>,
         attention_mask: Tensor<B, 2>,
     ) -> Tensor<B, 3> {
         let hidden = self.bert.forward(ids, types, attention_mask);
-        dense(&self.classifier, dropout(&self.dropout, hidden))
+        dense(&self.classifier, dropout(&self.dropout, hidden), self.bert.sums.dense)
+    }
+
+    /// This model with its backward's sums laid out as `sums` (the weights
+    /// unchanged).
+    pub fn with_sum_order(mut self, sums: SumOrder) -> Self {
+        self.bert.sums = sums;
+        self
     }
 
     /// Number of labels.
@@ -200,7 +252,7 @@ impl BertConfig {
             })
             .collect();
         BertForTokenClassification {
-            bert: Bert { embeddings, layers },
+            bert: Bert { embeddings, layers, sums: SumOrder::default() },
             dropout: DropoutConfig::new(self.hidden_dropout_prob).init(),
             classifier: linear(h, num_labels, device),
         }

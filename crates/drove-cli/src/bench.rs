@@ -146,8 +146,12 @@ pub fn train(args: &TrainArgs) -> anyhow::Result<()> {
     }
     // Launches are counted (cubecl's execution notes, no sync) when asked.
     let local_rank = drove_launch::LaunchEnv::from_env()?.local_rank;
-    let gpu =
-        drove_ner::open_gpu(args.device, local_rank, &args.options.kernel_cache, args.options.count_launches)?;
+    let gpu = drove_ner::open_gpu(
+        args.device,
+        local_rank,
+        &args.options.kernel_cache,
+        args.options.count_launches,
+    )?;
     if let Some(gpu) = &gpu {
         // Named at start, on stderr (the JSON stays alone on stdout).
         eprintln!("training on {}", gpu.describe());

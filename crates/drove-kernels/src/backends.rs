@@ -40,6 +40,8 @@ use std::marker::PhantomData;
 use burn::tensor::backend::Backend;
 use burn::tensor::{BasicOps, Tensor, TensorKind};
 
+use crate::dropout::DropoutBackend;
+
 /// The cubecl backend over CUDA that [`Cuda`] fuses over: f32 floats, i32
 /// ints, u8 bools.
 #[cfg(feature = "cuda")]
@@ -60,11 +62,25 @@ pub type Wgpu = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u3
 #[cfg(feature = "wgpu")]
 pub type WgpuFused = burn_fusion::Fusion<Wgpu>;
 
+/// burn's wgpu device (`WgpuDevice::DefaultDevice` and the others).
+#[cfg(feature = "wgpu")]
+pub use cubecl::wgpu::WgpuDevice;
+
+/// burn's default wgpu device when wgpu finds an adapter (Vulkan, Metal,
+/// DX12; Mesa's lavapipe on a machine without a GPU), `None` otherwise:
+/// cubecl panics when it opens a device without one.
+#[cfg(feature = "wgpu")]
+pub fn wgpu_default_device() -> Option<WgpuDevice> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    let adapters = cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    (!adapters.is_empty()).then_some(WgpuDevice::DefaultDevice)
+}
+
 /// A backend drove has its own kernels for: every kernel family of this
 /// crate, as burn backend operations (each family is a supertrait here).
-pub trait Kernels: Backend + crate::matmul::MatmulOps {}
+pub trait Kernels: Backend + DropoutBackend + crate::matmul::MatmulOps {}
 
-impl<B: Backend + crate::matmul::MatmulOps> Kernels for B {}
+impl<B: Backend + DropoutBackend + crate::matmul::MatmulOps> Kernels for B {}
 
 /// Proof that `A` and `B` are one type (made only by [`dispatch`] after
 /// comparing their `TypeId`s): moves tensors between the two names.

@@ -26,5 +26,6 @@
 #![deny(missing_docs)]
 
 pub mod backends;
+pub mod dropout;
 pub mod matmul;
 pub mod transfer;

@@ -55,7 +55,9 @@ pub fn count_upload() {
 }
 
 /// Reads `tensor`'s values back to the host (burn's `into_data`), counted.
-pub fn read<B: Backend, const D: usize, K: TensorKind<B> + BasicOps<B>>(tensor: Tensor<B, D, K>) -> TensorData {
+pub fn read<B: Backend, const D: usize, K: TensorKind<B> + BasicOps<B>>(
+    tensor: Tensor<B, D, K>,
+) -> TensorData {
     count_read();
     tensor.into_data()
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use drove_bert::TokenTypes;
 use drove_collate::{
     Batch, Bucketing, Collator, Corpus, DistributedSampler, Example, LabelSet, Loader, LoaderConfig,
     MaskConfig, Masker, Padding, WordPieceTokenizer, read_conll,
@@ -156,15 +157,16 @@ pub(crate) fn training_loader(
     )?)
 }
 
-/// Token ids, token types (all 0) and the attention mask of `batch`.
+/// Token ids, token types (all 0, a single segment: no tensor needed) and
+/// the attention mask of `batch`.
 pub(crate) fn batch_tensors<B: Backend>(
     batch: &Batch,
     device: &B::Device,
-) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>, Tensor<B, 2>) {
+) -> (Tensor<B, 2, Int>, TokenTypes<B>, Tensor<B, 2>) {
     let shape = [batch.batch_size, batch.seq_len];
     let ids: Vec<i64> = batch.input_ids.iter().map(|&t| i64::from(t)).collect();
     let ids: Tensor<B, 2, Int> = drove_kernels::transfer::upload(TensorData::new(ids, shape), device);
-    let types = ids.zeros_like();
+    let types = TokenTypes::Zero;
     let mask: Vec<f32> = batch.attention_mask.iter().map(|&m| f32::from(m)).collect();
     let mask: Tensor<B, 2> = drove_kernels::transfer::upload(TensorData::new(mask, shape), device);
     (ids, types, mask)

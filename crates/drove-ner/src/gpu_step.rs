@@ -5,13 +5,44 @@
 //! Changes that compute the same numbers and only remove work are on by
 //! default; changes that alter the order of floating-point sums stay off
 //! until a GPU has shown them faster. On the CPU every switch either has no
-//! effect or keeps the CPU's own path, as its help says.
+//! effect, keeps the CPU's own path, or (the order of sums) applies there
+//! too, as its help says.
 
 /// How a GPU step is computed (flags of `drove train ner` and `drove bench train`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 #[serde(default)]
 pub struct GpuStep {
+    /// When a step's loss is read back on the backend placement (a GPU's):
+    /// at-update keeps it on the device, where alone it guards the update
+    /// (a loss or gradient norm that is not finite changes nothing) and is
+    /// read with the gradient norm, one blocking read a step; after-forward
+    /// reads it before backward is queued. The same numbers either way.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_name = "at-update|after-forward", default_value = "at-update")
+    )]
+    pub loss_read: drove_train::LossRead,
+    /// How dense layers sum their weight and bias gradients over tokens:
+    /// split-k splits the rows into up to 16 chunks (batched GEMMs summed
+    /// over the chunks, the bias summed over the batch, then the sequence);
+    /// plain, one GEMM and one sum over all rows. Sums in another order, so
+    /// off by default; applies on the CPU too.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_enum, value_name = "plain|split-k", default_value = "plain")
+    )]
+    pub dense: DenseGrad,
+    /// How position and token-type embeddings are added: sliced broadcasts
+    /// the position table's first rows over the batch and type row 0 to
+    /// every token (their gradients are sums, not burn's select-assign);
+    /// select looks every token up. Sums in another order, so off by
+    /// default; applies on the CPU too.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_enum, value_name = "select|sliced", default_value = "select")
+    )]
+    pub embedding_grad: EmbeddingGrad,
     /// Which matmul the model's layers use on a GPU: burn's own (one TF32
     /// tensor-core kernel for every shape) or drove's, which picks cubek's
     /// kernel per shape class. At --matmul-precision f32 drove's runs either
@@ -37,6 +68,32 @@ pub enum MatmulChoice {
     Drove,
 }
 
+/// `--dense`: how dense layers sum their gradients over tokens
+/// ([`drove_bert::DenseSums`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum DenseGrad {
+    /// One GEMM and one bias sum over all `batch * seq` rows.
+    #[default]
+    Plain,
+    /// The rows in chunks of at least 512 (at most 16 chunks).
+    SplitK,
+}
+
+/// `--embedding-grad`: how the position and token-type tables' gradients
+/// are summed ([`drove_bert::EmbeddingSums`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum EmbeddingGrad {
+    /// Every token's position and type looked up (burn's select).
+    #[default]
+    Select,
+    /// Sliced tables broadcast over the batch.
+    Sliced,
+}
+
 impl GpuStep {
     /// The matmul `--matmul` and `--matmul-precision` ask for: burn's only
     /// at burn and TF32.
@@ -45,6 +102,20 @@ impl GpuStep {
         match (self.matmul, self.matmul_precision) {
             (MatmulChoice::Burn, Precision::Tf32) => Matmul::Burn,
             (_, precision) => Matmul::Drove(precision),
+        }
+    }
+
+    /// The model's layout of its backward's sums these switches ask for.
+    pub fn sum_order(&self) -> drove_bert::SumOrder {
+        drove_bert::SumOrder {
+            dense: match self.dense {
+                DenseGrad::Plain => drove_bert::DenseSums::Plain,
+                DenseGrad::SplitK => drove_bert::DenseSums::split_k(),
+            },
+            embeddings: match self.embedding_grad {
+                EmbeddingGrad::Select => drove_bert::EmbeddingSums::Select,
+                EmbeddingGrad::Sliced => drove_bert::EmbeddingSums::Sliced,
+            },
         }
     }
 }

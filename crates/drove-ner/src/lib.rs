@@ -82,7 +82,7 @@ pub use error::NerError;
 pub use eval::EvalReport;
 pub use fit::{train_ner, train_ner_elastic, train_ner_with};
 pub use gpu::{GpuTraining, open_gpu};
-pub use gpu_step::{GpuStep, MatmulChoice};
+pub use gpu_step::{DenseGrad, EmbeddingGrad, GpuStep, MatmulChoice};
 #[cfg(feature = "metrics")]
 pub use metrics::MetricsObserver;
 pub use model::load_model;

@@ -385,6 +385,7 @@ pub(crate) fn replica_options(opts: &NerOptions, total_steps: u64) -> ReplicaOpt
         loss: LossReduction::Sum,
         placement: opts.placement,
         overlap: !opts.no_overlap,
+        loss_read: opts.gpu_step.loss_read,
         sparse_rows: if opts.dense_embeddings { SparseRows::off() } else { SparseRows::default() },
         fusion: drove_collective::fusion::FusionOptions {
             threshold_bytes: opts.bucket_mib << 20,

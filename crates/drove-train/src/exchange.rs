@@ -45,7 +45,8 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Scatter<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let values = self.flat.next().expect("one buffer per parameter");
         let shape = param.val().dims();
-        let tensor: Tensor<B::InnerBackend, D> = drove_kernels::transfer::upload(TensorData::new(values, shape), &self.device);
+        let tensor: Tensor<B::InnerBackend, D> =
+            drove_kernels::transfer::upload(TensorData::new(values, shape), &self.device);
         self.grads.register::<B::InnerBackend, D>(param.id, tensor);
     }
 }

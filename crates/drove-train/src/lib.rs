@@ -46,6 +46,8 @@ pub mod timeline;
 pub use error::TrainError;
 pub use exchange::{all_reduce_gradients, broadcast_parameters};
 pub use placement::Placement;
-pub use replica::{LossRead, LossReduction, Micro, PhaseTimes, Replica, ReplicaOptions, Resynced, Rows, StepOutcome};
+pub use replica::{
+    LossRead, LossReduction, Micro, PhaseTimes, Replica, ReplicaOptions, Resynced, Rows, StepOutcome,
+};
 pub use schedule::Schedule;
 pub use sparse::{SPARSE_ROWS, SparseRows};

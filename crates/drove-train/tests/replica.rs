@@ -559,7 +559,11 @@ enum Poison {
 }
 
 /// One step of all 16 rows of step `step`, the loss `poison`ed if given.
-fn step_of(replica: &mut Replica<'_, B, Model>, step: usize, poison: Option<Poison>) -> Result<(), TrainError> {
+fn step_of(
+    replica: &mut Replica<'_, B, Model>,
+    step: usize,
+    poison: Option<Poison>,
+) -> Result<(), TrainError> {
     let device = Default::default();
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let rows = Rows::of_step(step, 0, ROWS);

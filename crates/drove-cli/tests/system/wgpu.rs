@@ -219,7 +219,18 @@ fn a_training_step_launches_no_more_kernels_than_recorded() {
     let Some(manifest) = or_skip() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = drove(&manifest, &runtime_dir(dir.path()));
-    cmd.args(["bench", "train", "--device", "wgpu", "--json", "--count-launches", "--batch-size", "2", "--steps", "2"]);
+    cmd.args([
+        "bench",
+        "train",
+        "--device",
+        "wgpu",
+        "--json",
+        "--count-launches",
+        "--batch-size",
+        "2",
+        "--steps",
+        "2",
+    ]);
     cmd.args(["--warmup-steps", "1", "--bucket-window", "0", "--random-init", "--kernel-cache", "off"]);
     cmd.arg("--data").arg(crate::common::assets().join("conll2003"));
     cmd.arg("--model").arg(crate::common::tiny_model(dir.path()));
@@ -329,7 +340,10 @@ fn bench_matmul_quick_times_each_kernel_that_launches_and_each_result_matches() 
             // matches the f64 one. The sweep's `matched` is what tells.
             let known = row["strategy"] == "double_unit" && row["k"].as_u64().unwrap() % 16 != 0;
             assert_eq!(row["matched"], !known, "a product off the f64 reference: {row}");
-            assert!(row["mean_us"].as_f64().is_some_and(|t| t > 0.0) && row["tflops"].as_f64().is_some(), "{row}");
+            assert!(
+                row["mean_us"].as_f64().is_some_and(|t| t > 0.0) && row["tflops"].as_f64().is_some(),
+                "{row}"
+            );
             ran.push(row["strategy"].as_str().unwrap().to_string());
         }
     }

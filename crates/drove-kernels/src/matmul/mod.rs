@@ -25,7 +25,9 @@ pub mod cube;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod fused;
 mod op;
+mod ops;
 pub mod strategy;
 
-pub use op::{Matmul, MatmulOps, matmul};
+pub use op::{Matmul, matmul};
+pub use ops::MatmulOps;
 pub use strategy::{Gemm, Kernel, Precision, ShapeClass, choose};

@@ -1,25 +1,11 @@
-//! [`matmul`], drove's matrix product for code generic over its backend, and
-//! [`MatmulOps`], the operation each of drove's GPU backends implements.
+//! [`matmul`], drove's matrix product for code generic over its backend
+//! (the operation itself is [`super::MatmulOps`]).
 
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use super::Precision;
 use crate::backends::{Kernels, OnKernels, Same, dispatch};
-
-/// drove's matmul as an operation of a backend: `lhs x rhs` over the last two
-/// dimensions, the leading ones broadcast, with the kernel [`super::choose`]
-/// picks for the shape at `precision`.
-pub trait MatmulOps: Backend {
-    /// The product of two float tensors of one rank (2 or more) whose shapes
-    /// burn's `matmul` accepts.
-    fn drove_matmul(
-        lhs: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        precision: Precision,
-    ) -> FloatTensor<Self>;
-}
 
 /// `lhs.matmul(rhs)` through drove's operation where the backend has it
 /// ([`crate::backends`]), burn's `matmul` elsewhere (the CPU). Tensors of

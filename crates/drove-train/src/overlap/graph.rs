@@ -121,7 +121,8 @@ impl<I: Backend, const D: usize> Backward<I, 2> for Hook<D> {
         // It goes to the engine as host values (read here, on the thread
         // whose device queue made it); the leaf gets none.
         let grad = grads.consume::<I>(&ops.node);
-        let data = drove_kernels::transfer::read(Tensor::<I, D>::from_primitive(TensorPrimitive::Float(grad)));
+        let data =
+            drove_kernels::transfer::read(Tensor::<I, D>::from_primitive(TensorPrimitive::Float(grad)));
         let target = ops.state;
         let values = crate::flat::to_f32(data, target.param);
         // A closed inbox means the engine stopped on an error it reports.

@@ -86,7 +86,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
             .into_iter()
             .map(|g| {
                 let n = g.len();
-                drove_kernels::transfer::upload::<B::InnerBackend, 1, _>(burn::tensor::TensorData::new(g, [n]), device)
+                drove_kernels::transfer::upload::<B::InnerBackend, 1, _>(
+                    burn::tensor::TensorData::new(g, [n]),
+                    device,
+                )
             })
             .collect();
         (self.pending, self.reduced) = (Some(tensors), true);

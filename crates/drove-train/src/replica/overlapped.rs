@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
 
 use super::{LossReduction, Micro, Replica, Rows, split_rows};
 use crate::TrainError;

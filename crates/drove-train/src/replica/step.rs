@@ -101,7 +101,8 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
 
     /// Whether this step's losses stay on the device until the update.
     fn defers_loss(&self) -> bool {
-        self.options.loss_read == crate::LossRead::AtUpdate && self.options.placement == crate::Placement::Backend
+        self.options.loss_read == crate::LossRead::AtUpdate
+            && self.options.placement == crate::Placement::Backend
     }
 
     /// [`backward`](Self::backward) without reading the loss back: where the
