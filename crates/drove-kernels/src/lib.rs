@@ -27,5 +27,6 @@
 
 pub mod backends;
 pub mod dropout;
+pub mod embedding;
 pub mod matmul;
 pub mod transfer;
