@@ -2,9 +2,14 @@
 # The GPU check: one script that prepares here and runs there.
 #
 #   bash scripts/gpu-check.sh prepare [PACK]   # here: build drove (cuda,nccl) for CUDA 13.0, strip,
-#                                              # pack PACK (default target/gpu-check/pack, at most 64 MiB)
-#   bash PACK/gpu-check.sh run [OUT]           # there: an H200 with Python, torch, no Rust, no network;
-#                                              # writes OUT/gpu-check.json (default $OUT, else PACK/out)
+#                                              # pack PACK (default target/gpu-check/pack, at most 64 MiB),
+#                                              # then parse every command line the run will give
+#   bash PACK/gpu-check.sh run [OUT]           # there: an H100 or H200 with Python, torch, no Rust, no
+#                                              # network; about 5 minutes (budget 290 s, cut at 305 s);
+#                                              # writes OUT/gpu-check.json and OUT/profile-b256.log.xz
+#                                              # (default $OUT, else PACK/out)
+#   bash scripts/gpu-check.sh dry-run [DROVE]  # here: parse every command line of the run with DROVE
+#                                              # (default: the pack's build, else target/debug/drove)
 #
 # The pack: drove (stripped, xz), the CoNLL-2003 files (xz), the MiniLM folder with
 # its weights as f16 (xz; turned back into f32 there by `drove weights`) if they
@@ -49,15 +54,27 @@ prepare)
         "$weights" "$size" "$stripped" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
         "$(date -u +%FT%TZ)" > "$pack/pack.json"
     cat "$pack/pack.json"
+    # A flag or value the binary does not know would cost the GPU call: parse them all here.
+    python3 scripts/gpu_check.py --dry-run --drove "$bin" --script bench/pytorch_ner.py >&2
+    ;;
+dry-run)
+    cd "$(dirname "${BASH_SOURCE[0]}")/.."
+    bin=${2:-}
+    if [ -z "$bin" ]; then
+        bin=target/gpu-check/release/drove
+        [ -x "$bin" ] || bin=target/debug/drove
+    fi
+    exec python3 scripts/gpu_check.py --dry-run --drove "$bin" --script bench/pytorch_ner.py
     ;;
 run)
     pack=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
     out=${2:-${OUT:-$pack/out}}
-    # About seven minutes in all (unpacking included in the budget), with room for writing after.
-    exec timeout -k 10 430 python3 "$pack/gpu_check.py" --pack "$pack" --out "$out" --budget 400
+    # About five minutes in all (unpacking included in the budget), with room for writing after,
+    # so that a second call fits the session's device time.
+    exec timeout -k 10 305 python3 "$pack/gpu_check.py" --pack "$pack" --out "$out" --budget 290
     ;;
 *)
-    echo "usage: $0 prepare [PACK] | run [OUT]" >&2
+    echo "usage: $0 prepare [PACK] | run [OUT] | dry-run [DROVE]" >&2
     exit 2
     ;;
 esac

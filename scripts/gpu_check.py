@@ -1,44 +1,76 @@
-"""The GPU check's run, on the check machine (see scripts/gpu-check.sh).
+"""The GPU check's run, on the check machine (see scripts/gpu-check.sh): issue
+49's step 8, one call of about five minutes (so that a second call fits the
+session's 15 device-minutes), the same binary and the same batches for every
+configuration, PyTorch in the same call.
 
-Unpacks what `gpu-check.sh prepare` packed, picks the CUDA headers and the
-libraries (NVRTC, NCCL) from one place (`choose_cuda`), records their
-versions, then within the time budget (400 s: one run of about 7 minutes)
+Unpacks what `gpu-check.sh prepare` packed (into a work folder outside the
+output folder, so that only the JSON and the profile log come back), picks the
+CUDA headers and the libraries (NVRTC, NCCL, cuBLAS) from one place
+(`choose_cuda`), records their versions, then within the time budget (290 s)
 runs the phases below, most valuable first, each with its own deadline
 (`phase_deadline`: its cap, less what the phases after it are kept), writing
-the JSON after every phase so that a cut run keeps what it measured:
+the JSON after every phase so that a cut run keeps what it measured (a
+`drove bench train` cut at its deadline still gives the steps it logged,
+marked `partial`):
 
-  1. the toolchain and the device;
-  2. `drove_b32`: `drove bench train --device cuda` at batch 32 (300 steps
-     after 20 untimed, bucket window 16) with a new, empty kernel cache
-     (`--kernel-cache WORK/kcache`, also DROVE_KERNEL_CACHE for every later
-     drove): sentences/s, the first step, kernels launched and compiled, and
-     the GPU memory at its peak (sampled from nvidia-smi);
-  3. `pytorch_b32`: pytorch_ner.py with `--fused-adamw` on the same batches'
-     settings; `drove_over_pytorch_b32`;
-  4. `drove_warm`: drove again for 5 steps on the cache phase 2 filled:
-     `first_step` sets the cold and the warm first step side by side with the
-     3 s target;
-  5. batch 256, drove and PyTorch (`drove_b256`, `pytorch_b256`,
-     `drove_over_pytorch_b256`): 300 steps after 10 (several epochs of
-     CoNLL-2003), fewer where drove's batch-32 speed says 300 would not fit
-     the phase's deadline (`b256_steps` says why);
-  6. `train_equivalence_world4_host`: four ranks on the one GPU under
-     `drove run --np 4` with `--gradient-path host` (batch 4 each) against
-     one rank (batch 16): parameters after 5 steps within 1e-5 relative;
-  7. `story_gpu`: the diversity story on four ranks of the one GPU
-     (masking augmentation 0.15, diagnosed every 5 of 12 steps): naive
-     seeding agrees 1.0 and sets the alarm off, derived seeding lies within
-     3 sigma of p^2+(1-p)^2 = 0.745 and does not;
-  8. `nccl` (world 1, 64 MiB beside a device copy) and `in_place` (the
-     in-place buckets on burn tensors of five layouts); where the NCCL loaded
-     allows two ranks on one GPU (2.30 and later, with
-     NCCL_MULTI_RANK_GPU_ENABLE=1) both at world 2 and the world-2
-     `train_equivalence`;
-  9. when more than 150 s are left: test entity F1 after one epoch, both.
+  1. `host_floor`: `drove bench train` at batch 1 with every step of issue 49
+     on (30 steps after 5), on a new, empty kernel cache (`--kernel-cache
+     WORK/kcache`, DROVE_KERNEL_CACHE for every later drove): the step time
+     when the GPU has almost nothing to do;
+  2. batch 32 and batch 256, 40 timed steps after 5 untimed (bucket window
+     16: the same batches on every run): PyTorch first, in one process
+     (`pytorch_ner.py --batch-size 32,256 --tf32 both`: eager f32 with fused
+     AdamW, then with TF32 allowed; `pytorch_b32_f32`, ...), then drove with
+     every step on (`drove_b32_all_steps`, `drove_b256_all_steps`), the
+     baseline (the behaviour before issue 49: `drove_b*_baseline`) and steps 2
+     and 5 alone (`drove_b*_steps_2_5`); `STEP_CONFIGS` names each one's flags.
+     Batch 256 takes fewer steps where the same configuration's batch-32 run
+     says 40 would not fit its deadline (`b256_steps`);
+  3. `launches`: kernels launched, blocking reads and uploads a step, from a
+     short `--count-launches` run at batch 32 with every step on but the
+     pre-warm (which changes no step's launches), so that its first step, on
+     the kernel cache the earlier runs filled, is the warm first step;
+  4. `profile_b256`: every kernel's time at batch 256 with every step on (a
+     few steps, no pre-warm), from cubecl's profiling log (`cubecl.toml` in the
+     run's folder: `[profiling.logger] level = "basic"`, read by cubecl 0.10's
+     `CubeClRuntimeConfig::from_current_dir`, which drove's configuration
+     starts from), ranked by time into a top 20 (`profile_ranking`). On CUDA
+     cubecl times a kernel by the host clock around a sync on each side
+     (`TimingMethod::System`): launch latency is included, the overlap of
+     launches is not, and a kernel's first launch includes its compile
+     (hence `count x median` as the ranked time);
+  5. `matmul`: `drove bench matmul --device cuda`, cubek's strategies on
+     MiniLM's GEMM shape classes beside cuBLAS (libcublas linked in
+     WORK/lib), as many shapes as a budget fits; `matmul_summary` gives each
+     shape's best cubek kernel against cuBLAS;
+  6. `train_equivalence_world4_f32`: four ranks on the one GPU under `drove
+     run --np 4` with `--gradient-path host --matmul drove --matmul-precision
+     f32` (batch 4 each) against one rank (batch 16): parameters after 5
+     steps within 1e-5 relative, each step's loss and gradient norm within
+     SCALE_BOUND (`scale_difference`);
+  7. `story_gpu`: the diversity story on four ranks of the one GPU, launched
+     as the README shows it (`drove run --np 4 -- drove train ner --device
+     cuda:0`, the gradient path left at `auto`; masking augmentation 0.15,
+     diagnosed every 5 of 12 steps): naive seeding agrees 1.0 and sets the
+     alarm off, derived seeding lies within 3 sigma of p^2+(1-p)^2 = 0.745 and
+     does not;
+  8. only with time left: `nccl` (world 1) and `in_place`; world 2 where the
+     NCCL loaded allows two ranks on one GPU (2.30 and later); test entity F1
+     after one epoch, both.
 
-`targets` (last in the JSON, rewritten with every write) sets each target
-beside what was measured: drove over PyTorch >= 1 at batch 32 and 256, a
-warm first step under 3 s, drove's peak GPU memory no more than PyTorch's.
+`targets` (last in the JSON, rewritten with every write): drove with every
+step on over PyTorch eager f32 + fused AdamW, means over the timed steps, at
+batch 256 >= 0.6 and batch 32 >= 0.4 (1.0 at both stays the goal), the
+medians' ratio beside; each run's mean within 5% of its median; peak memory
+beside PyTorch's; every configuration against both PyTorch runs
+(`comparisons`); reads and uploads a step; the warm first step.
+
+`python3 gpu_check.py --dry-run --drove DROVE` builds every command line the
+check runs and has the local binary parse each (clap's `--help` after the
+flags: a flag or value it does not know fails) and pytorch_ner.py check its
+own (`--check-args`, no torch needed), so that a typo costs no GPU call;
+`gpu-check.sh prepare` ends with it. With `--wgpu-data` and `--wgpu-model` it
+also runs the profile phase for real on `--device wgpu` (lavapipe here).
 
 Where the weights did not travel both sides start from random weights of the
 same shape (`--random-init`; a hidden flag of `drove train ner`).
@@ -53,11 +85,14 @@ import ctypes
 import json
 import lzma
 import os
+import re
 import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -68,25 +103,67 @@ MULTI_RANK_GPU_FROM = 23000
 # The warm first step's target (seconds).
 WARM_FIRST_STEP_TARGET_S = 3.0
 
+# The throughput runs: timed steps after untimed ones, at both batch sizes
+# (the same batches for drove and PyTorch: the same seed, bucket window and
+# warm-up), and the host floor's.
+BATCHES = (32, 256)
+STEPS = 40
+WARMUP = 5
+BUCKET_WINDOW = 16
+HOST_FLOOR = {"batch": 1, "steps": 30, "warmup": 5}
+# The launch-counting and profiling runs: short.
+LAUNCHES = {"batch": 32, "steps": 5, "warmup": 2}
+PROFILE = {"batch": 256, "steps": 3, "warmup": 1}
+# How many kernels the profile ranking keeps.
+PROFILE_TOP = 20
+
+# drove with every step on over PyTorch eager f32 + fused AdamW (sentences/s,
+# means over the timed steps): the targets at each batch size.
+RATIO_TARGETS = {32: 0.4, 256: 0.6}
+# A run's mean step may lie this far from its median (relative).
+MEAN_MEDIAN_TOLERANCE = 0.05
+
+# The switches of issue 49's steps, as `drove bench train` flags (defaults
+# first in each flag's help): the behaviour before the issue, every step on,
+# and steps 2 (split-K dense gradients) and 5 (the embedding backward) alone.
+# `--matmul-precision` stays at its default (tf32) in all three.
+BASELINE = (("--dropout-masks", "host"), ("--loss-read", "after-forward"), ("--dense", "plain"),
+            ("--embedding-grad", "select"), ("--matmul", "burn"), ("--prewarm", "off"))
+ALL_STEPS = (("--dropout-masks", "device"), ("--loss-read", "at-update"), ("--dense", "split-k"),
+             ("--embedding-grad", "sliced"), ("--matmul", "drove"), ("--prewarm", "on"))
+STEP_CONFIGS = {
+    "all_steps": ALL_STEPS,
+    "baseline": BASELINE,
+    "steps_2_5": tuple((f, {"--dense": "split-k", "--embedding-grad": "sliced"}.get(f, v)) for f, v in BASELINE),
+}
+# The order the throughput runs take: the targets' configuration first.
+CONFIG_ORDER = ("all_steps", "baseline", "steps_2_5")
+
 # The phases in the order they run, each with its cap (seconds) and the floor
 # an earlier phase leaves it: a phase's deadline is its cap, or less where the
 # time left less the floors of the phases still to come is less. Phases not
-# named here (world 2, F1) get what is left, less FINAL_RESERVE_S.
+# named here (NCCL, world 2, F1) get what is left, less FINAL_RESERVE_S.
 PLAN = (
-    ("drove_b32", 110, 40),
-    ("pytorch_b32", 60, 25),
-    ("drove_warm", 40, 15),
-    ("drove_b256", 80, 35),
-    ("pytorch_b256", 45, 25),
-    ("equivalence_world1", 35, 15),
-    ("equivalence_world4", 55, 25),
-    ("story_naive", 60, 25),
-    ("story_derived", 60, 25),
-    ("nccl", 30, 10),
-    ("in_place", 30, 10),
+    ("host_floor", 50, 20),
+    ("pytorch", 60, 30),
+    ("drove_b32_all_steps", 35, 12),
+    ("drove_b256_all_steps", 40, 15),
+    ("drove_b32_baseline", 35, 12),
+    ("drove_b256_baseline", 40, 15),
+    ("drove_b32_steps_2_5", 30, 10),
+    ("drove_b256_steps_2_5", 35, 12),
+    ("launches", 25, 8),
+    ("profile_b256", 30, 10),
+    ("matmul", 40, 15),
+    ("equivalence_world1", 20, 8),
+    ("equivalence_world4", 35, 12),
+    ("story_naive", 30, 10),
+    ("story_derived", 30, 10),
 )
 # Seconds kept for writing the JSON at the end.
 FINAL_RESERVE_S = 5
+# The budget `gpu-check.sh run` gives (seconds), inside its timeout.
+BUDGET_S = 290
 
 
 def phase_deadline(phase, left_s, plan=PLAN, skip=()):
@@ -143,7 +220,8 @@ def unxz(src, dst):
 
 
 def unpack(pack, work):
-    """The binary, the data and the model folder, decompressed into `work`."""
+    """The binary, the data and the model folder, decompressed into `work`
+    (outside the output folder: none of it comes back)."""
     os.makedirs(work, exist_ok=True)
     drove = os.path.join(work, "drove")
     unxz(os.path.join(pack, "drove.xz"), drove)
@@ -207,7 +285,9 @@ def choose_cuda(site_roots, nvcc=None, cuda_path=None, extra_lib_dirs=()):
     nvidia-cuda-crt, include/cccl from nvidia-cuda-cccl) -- the first that
     holds include/cuda_runtime.h. libnvrtc comes from that root's own lib
     folders first, then from nvidia/cu13/lib, only then from the other wheels
-    (so a cu12 library is never taken while a cu13 one is there)."""
+    (so a cu12 library is never taken while a cu13 one is there); libcublas
+    (the matmul sweep's reference: `nvidia-cublas`) likewise, and where it is
+    missing only `notes` say so."""
     candidates = []
     if cuda_path:
         candidates.append((cuda_path, "CUDA_PATH", toolkit_lib_dirs(cuda_path)))
@@ -224,6 +304,13 @@ def choose_cuda(site_roots, nvcc=None, cuda_path=None, extra_lib_dirs=()):
     lib_dirs = list(dict.fromkeys(lib_dirs))
     nvrtc = find_library(lib_dirs, "libnvrtc.so.")
     nccl = find_library(lib_dirs, "libnccl.so.")
+    cublas = find_library(lib_dirs, "libcublas.so.")
+    notes = []
+    if cublas is None:
+        notes.append("no libcublas.so.* found (pip: nvidia-cublas): the matmul sweep runs without cuBLAS")
+    elif os.path.basename(cublas).split(".so.")[-1].split(".")[0] == "12" and chosen and \
+            chosen[1] == "nvidia-cu13 wheels":
+        notes.append(f"{cublas} is CUDA 12's, the headers CUDA 13's")
     if chosen is None:
         problems.append("no CUDA headers: no CUDA_PATH, no nvcc, and no site-packages/nvidia/cu13/include/"
                         "cuda_runtime.h (pip: nvidia-cuda-runtime, nvidia-cuda-crt, nvidia-cuda-cccl)")
@@ -247,7 +334,9 @@ def choose_cuda(site_roots, nvcc=None, cuda_path=None, extra_lib_dirs=()):
         "cuda_path_from": chosen[1] if chosen else None,
         "nvrtc": nvrtc,
         "nccl": nccl,
+        "cublas": cublas,
         "problems": problems,
+        "notes": notes,
     }
 
 
@@ -270,15 +359,18 @@ def site_roots_here():
 
 def library_env(work):
     """The environment for drove: CUDA_PATH and LD_LIBRARY_PATH from
-    `choose_cuda`, with the `libnccl.so` / `libnvrtc.so` names cudarc opens
-    (the wheels ship sonames only) linked in work/lib."""
+    `choose_cuda`, with the `libnccl.so` / `libnvrtc.so` / `libcublas.so`
+    names cudarc opens (the wheels ship sonames only) linked in work/lib, and
+    each library's own folder on the path (libcublas loads libcublasLt from
+    beside it)."""
     roots, extra = site_roots_here()
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
     choice = choose_cuda(roots, nvcc=nvcc, cuda_path=os.environ.get("CUDA_PATH"), extra_lib_dirs=extra)
     links = os.path.join(work, "lib")
     os.makedirs(links, exist_ok=True)
     folders = []
-    for link, target in (("libnccl.so", choice["nccl"]), ("libnvrtc.so", choice["nvrtc"])):
+    for link, target in (("libnccl.so", choice["nccl"]), ("libnvrtc.so", choice["nvrtc"]),
+                         ("libcublas.so", choice.get("cublas"))):
         if target:
             dst = os.path.join(links, link)
             if os.path.lexists(dst):
@@ -286,6 +378,7 @@ def library_env(work):
             os.symlink(target, dst)
             folders.append(os.path.dirname(target))
     env = dict(os.environ)
+    folders = list(dict.fromkeys(folders))
     env["LD_LIBRARY_PATH"] = ":".join([links] + folders + [env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
     if choice["cuda_path"]:
         env["CUDA_PATH"] = choice["cuda_path"]
@@ -449,11 +542,23 @@ def alive(pid):
         return False
 
 
-def run_json(report, phase, cmd, env, timeout, cwd=None, every_rank=False):
-    """Runs `cmd`; returns the last JSON object rank 0 printed (every rank's,
-    by rank, with `every_rank`), or None after recording why there is none.
-    A command that printed its JSON and then failed (a check that did not
-    hold) has the failure recorded and its JSON returned."""
+def json_objects(stdout):
+    """Every JSON object a process on its own printed, in order (PyTorch's
+    runs print one line each)."""
+    found = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return found
+
+
+def run_command(report, phase, cmd, env, timeout, cwd=None):
+    """Runs `cmd` under `timeout`; returns (exit code, stdout, stderr,
+    seconds), the code None when it ran past its deadline (which is recorded),
+    or None when it did not start (recorded too)."""
     if timeout < 5:
         report.error(phase, f"not run: {timeout:.0f} s left of the budget")
         return None
@@ -464,22 +569,54 @@ def run_json(report, phase, cmd, env, timeout, cwd=None, every_rank=False):
     except OSError as e:
         report.error(phase, f"could not start {cmd[0]}: {e}")
         return None
+    took = time.time() - started
     if code is None:
         report.error(phase, f"did not finish within {timeout:.0f} s; stderr tail: {stderr[-2000:]}")
+    return code, stdout, stderr, took
+
+
+def run_json(report, phase, cmd, env, timeout, cwd=None, every_rank=False):
+    """Runs `cmd`; returns the last JSON object rank 0 printed (every rank's,
+    by rank, with `every_rank`), or None after recording why there is none.
+    A command that printed its JSON and then failed (a check that did not
+    hold) has the failure recorded and its JSON returned."""
+    ran = run_command(report, phase, cmd, env, timeout, cwd)
+    if ran is None or ran[0] is None:
         return None
-    out = subprocess.CompletedProcess(cmd, code, stdout, stderr)
-    took = time.time() - started
-    found = json_lines(out.stdout)
-    if out.returncode != 0:
-        report.error(phase, f"exit {out.returncode} after {took:.1f} s: {out.stderr.strip()[-3000:]}")
+    code, stdout, stderr, took = ran
+    found = json_lines(stdout)
+    if code != 0:
+        report.error(phase, f"exit {code} after {took:.1f} s: {stderr.strip()[-3000:]}")
     if not found or 0 not in found:
-        if out.returncode == 0:
-            report.error(phase, f"printed no JSON (exit 0 after {took:.1f} s): {out.stderr.strip()[-2000:]}")
+        if code == 0:
+            report.error(phase, f"printed no JSON (exit 0 after {took:.1f} s): {stderr.strip()[-2000:]}")
         return None
     value = {str(r): v for r, v in sorted(found.items())} if every_rank else found[0]
     value["phase_seconds"] = took
-    value["exit_code"] = out.returncode
+    value["exit_code"] = code
     return value
+
+
+# `drove bench train`'s line for each step at RUST_LOG=drove_bench=debug.
+STEP_LINE = re.compile(r"drove_bench::train: step step=(\d+) seconds=([0-9.eE+-]+) sentences_per_s=([0-9.eE+-]+)")
+
+
+def steps_from_log(stderr, warmup, batch):
+    """What a `drove bench train` cut at its deadline measured, from the step
+    lines it logged (`STEP_LINE`): the steps after `warmup` summed up as its
+    JSON would (sentences/s over the timed steps' total time, the median of
+    the steps' sentences/s), marked `partial`; None when no step was timed."""
+    steps = [(int(m.group(1)), float(m.group(2)), float(m.group(3))) for m in STEP_LINE.finditer(stderr)]
+    timed = [(s, sps) for n, s, sps in steps if n > warmup]
+    if not timed:
+        return None
+    seconds = sum(s for s, _ in timed)
+    sentences = sum(s * sps for s, sps in timed)
+    first = next((s for n, s, _ in steps if n == 1), None)
+    return {"partial": True, "batch_size": batch, "steps_logged": len(steps), "steps_timed": len(timed),
+            "first_step_seconds": first, "sentences_per_s": sentences / seconds if seconds else None,
+            "median_sentences_per_s": statistics.median(sps for _, sps in timed),
+            "step_mean_seconds": seconds / len(timed), "step_median_seconds": statistics.median(s for s, _ in timed)}
 
 
 def under_run(drove, np, args):
@@ -551,30 +688,39 @@ def scale_difference(a, b):
     return worst
 
 
-def train_equivalence(report, drove, data, model, env, work, world, deadline_one, deadline_many,
-                      extra=(), init=(), name="train equivalence"):
-    """`world` ranks on one GPU (batch 16 / world each) against world 1 (batch
-    16), with the flags `extra` on both (e.g. `--gradient-path host`) and
-    `init` (`--random-init` where the weights did not travel): the parameters
-    after 5 steps (16 sentences, 5 epochs) must agree within 1e-5 relative,
-    and every step's loss and gradient norm within SCALE_BOUND.
-    `deadline_one()` and `deadline_many()` give each run's seconds when it starts."""
+# The flags of the 4-against-1 comparison: gradients staged through the host,
+# matmuls in f32 (no TF32 rounding that differs with the batch's shape).
+EQUIVALENCE_FLAGS = ("--gradient-path", "host", "--matmul", "drove", "--matmul-precision", "f32")
+
+
+def equivalence_commands(drove, data, model, work, world, extra=(), init=()):
+    """The two runs of `train_equivalence`: (one rank's command, its out
+    folder, `world` ranks' command under `drove run`, their out folder)."""
     small = ["train", "ner", "--device", "cuda:0", "--data", data, "--model", model, "--max-train-sentences", "16",
              "--epochs", "5", "--dropout", "0", "--eval", "", "--lr-scaling", "none", "--lr", "1e-3",
              "--warmup", "0", "--micro-batches", "1", "--json"] + list(extra) + list(init)
     tag = "-".join(a.lstrip("-") for a in extra)
     one = os.path.join(work, "equivalence" + (f"-{tag}" if tag else "") + "-1")
     many = os.path.join(work, "equivalence" + (f"-{tag}" if tag else "") + f"-{world}")
+    return ([drove] + small + ["--batch-size", "16", "--out", one], one,
+            under_run(drove, world, small + ["--batch-size", str(16 // world), "--out", many]), many)
+
+
+def train_equivalence(report, drove, data, model, env, work, world, deadline_one, deadline_many,
+                      extra=(), init=(), name="train equivalence"):
+    """`world` ranks on one GPU (batch 16 / world each) against world 1 (batch
+    16), with the flags `extra` on both (e.g. `EQUIVALENCE_FLAGS`) and
+    `init` (`--random-init` where the weights did not travel): the parameters
+    after 5 steps (16 sentences, 5 epochs) must agree within 1e-5 relative,
+    and every step's loss and gradient norm within SCALE_BOUND.
+    `deadline_one()` and `deadline_many()` give each run's seconds when it starts."""
+    cmd_one, one, cmd_many, many = equivalence_commands(drove, data, model, work, world, extra, init)
     for d in (one, many):
         shutil.rmtree(d, ignore_errors=True)  # a checkpoint of an earlier try would be read as this one's
     result = {"steps": 5, "bound": 1e-5, "world": world, "batch_per_rank": 16 // world, "flags": list(extra),
               "random_init": bool(init)}
-    result["world1"] = run_json(report, f"{name} world 1", [drove] + small + ["--batch-size", "16", "--out", one],
-                                env, deadline_one())
-    result[f"world{world}"] = run_json(report, f"{name} world {world}",
-                                       under_run(drove, world, small + ["--batch-size", str(16 // world),
-                                                                        "--out", many]),
-                                       env, deadline_many())
+    result["world1"] = run_json(report, f"{name} world 1", cmd_one, env, deadline_one())
+    result[f"world{world}"] = run_json(report, f"{name} world {world}", cmd_many, env, deadline_many())
     if result["world1"] and result[f"world{world}"]:
         try:
             d = relative_difference(read_checkpoint(one), read_checkpoint(many))
@@ -604,10 +750,12 @@ STORY_STEPS = 12
 STORY_MASK = 0.15
 
 
-def story_args(seeding, data, model, out, init=()):
+def story_args(seeding, data, model, out, init=(), gradient_path=None):
     """`drove train ner`'s flags for one run of the story: 12 steps of 4 ranks
-    of 32 on one epoch of exactly that many sentences, diagnosed every 5."""
-    return ["train", "ner", "--device", "cuda:0", "--gradient-path", "host", "--augment-mask", str(STORY_MASK),
+    of 32 on one epoch of exactly that many sentences, diagnosed every 5; the
+    gradient path left to `auto` (as the README launches it) unless given."""
+    path = ["--gradient-path", gradient_path] if gradient_path else []
+    return ["train", "ner", "--device", "cuda:0"] + path + ["--augment-mask", str(STORY_MASK),
             "--seeding", seeding, "--diagnose-every", "5", "--max-steps", str(STORY_STEPS), "--epochs", "1",
             "--batch-size", str(STORY_BATCH), "--max-train-sentences", str(STORY_WORLD * STORY_BATCH * STORY_STEPS),
             "--eval", "", "--json", "--out", out, "--data", data, "--model", model] + list(init)
@@ -660,19 +808,224 @@ def story_verdict(naive, derived, skipped=None):
 
 
 # ---------------------------------------------------------------------------
+# The command lines, built in one place for the run and the dry run.
+
+def step_flags(config, **override):
+    """`drove bench train`'s flags of the configuration `config` (a key of
+    STEP_CONFIGS), with `override` (`prewarm="off"`: `--prewarm off`)."""
+    flags = dict(STEP_CONFIGS[config])
+    for name, value in override.items():
+        flag = "--" + name.replace("_", "-")
+        if flag not in flags:
+            raise KeyError(f"{flag} is not a switch of the step configurations")
+        flags[flag] = value
+    return [x for pair in flags.items() for x in pair]
+
+
+def drove_bench(drove, batch, steps, warmup, config, kcache, data_model, init=(), extra=(), device="cuda",
+                **override):
+    """`drove bench train --json` at `batch` with the flags of `config`."""
+    return ([drove, "bench", "train", "--device", device, "--json", "--batch-size", str(batch),
+             "--steps", str(steps), "--warmup-steps", str(warmup), "--bucket-window", str(BUCKET_WINDOW),
+             "--kernel-cache", kcache] + step_flags(config, **override) + list(extra) + list(data_model) + list(init))
+
+
+def pytorch_bench(python, script, batches, steps, warmup, data_model, init=()):
+    """pytorch_ner.py's throughput runs: every batch size in `batches` with
+    eager f32 and fused AdamW, then each again with TF32 allowed, in one
+    process (one JSON line a run)."""
+    return ([python, script, "--device", "cuda", "--fused-adamw", "--batch-size", ",".join(map(str, batches)),
+             "--tf32", "both", "--steps", str(steps), "--warmup-steps", str(warmup),
+             "--bucket-window", str(BUCKET_WINDOW)] + list(data_model) + list(init))
+
+
+def matmul_bench(drove, budget_s, repeats=5, device="cuda"):
+    """`drove bench matmul --json`: no new shape after `budget_s`."""
+    return [drove, "bench", "matmul", "--device", device, "--json", "--budget-s", f"{budget_s:.0f}",
+            "--repeats", str(repeats)]
+
+
+def bench_key(batch, config):
+    return f"drove_b{batch}_{config}"
+
+
+def pytorch_key(batch, tf32):
+    return f"pytorch_b{batch}_{'tf32' if tf32 else 'f32'}"
+
+
+def planned_commands(drove, python, script, data, model, work, kcache, init=()):
+    """Every command the check runs, by phase, in its order: what the dry run
+    parses and what `main` runs (batch 256 with fewer steps where its deadline
+    says so, built by the same `drove_bench`)."""
+    data_model = ["--data", data, "--model", model]
+    cmds = {"host_floor": drove_bench(drove, HOST_FLOOR["batch"], HOST_FLOOR["steps"], HOST_FLOOR["warmup"],
+                                      "all_steps", kcache, data_model, init),
+            "pytorch": pytorch_bench(python, script, BATCHES, STEPS, WARMUP, data_model, init)}
+    for config in CONFIG_ORDER:
+        for batch in BATCHES:
+            cmds[bench_key(batch, config)] = drove_bench(drove, batch, STEPS, WARMUP, config, kcache, data_model, init)
+    cmds["launches"] = drove_bench(drove, LAUNCHES["batch"], LAUNCHES["steps"], LAUNCHES["warmup"], "all_steps",
+                                   kcache, data_model, init, extra=["--count-launches"], prewarm="off")
+    cmds["profile_b256"] = drove_bench(drove, PROFILE["batch"], PROFILE["steps"], PROFILE["warmup"], "all_steps",
+                                       kcache, data_model, init, prewarm="off")
+    cmds["matmul"] = matmul_bench(drove, 15)
+    one, _, many, _ = equivalence_commands(drove, data, model, work, 4, EQUIVALENCE_FLAGS, init)
+    cmds["equivalence_world1"], cmds["equivalence_world4"] = one, many
+    for seeding in ("naive", "derived"):
+        cmds[f"story_{seeding}"] = under_run(drove, STORY_WORLD,
+                                             story_args(seeding, data, model, os.path.join(work, f"story-{seeding}"),
+                                                        init))
+    cmds["nccl"] = [drove, "bench", "nccl", "--json", "--sizes", "64MiB"]
+    cmds["in_place"] = [drove, "bench", "nccl", "--buckets", "--json"]
+    cmds["in_place_world2"] = under_run(drove, 2, ["bench", "nccl", "--buckets", "--gpu", "0", "--json"])
+    one, _, many, _ = equivalence_commands(drove, data, model, work, 2, (), init)
+    cmds["equivalence_world2_1"], cmds["equivalence_world2_2"] = one, many
+    cmds["f1_drove"] = [drove, "train", "ner", "--device", "cuda", "--epochs", "1", "--eval", "test", "--json",
+                        "--out", os.path.join(work, "run"), "--data", data, "--model", model]
+    cmds["f1_pytorch"] = [python, script, "--device", "cuda", "--epochs", "1", "--data", data, "--model", model]
+    return cmds
+
+
+def parse_check(cmd, drove, local_drove, python, script, local_script):
+    """The command that makes the local tools parse `cmd`'s flags, or None
+    where `cmd` is not one of the check's: drove's subcommands with `--help`
+    after every flag (clap reads each flag and value before it acts on
+    `--help`: an unknown flag or value fails, exit 2), the program under
+    `drove run` alike, pytorch_ner.py with `--check-args`."""
+    if cmd[0] == drove:
+        if cmd[1] == "run" and "--" in cmd:
+            inner = cmd[cmd.index("--") + 1:]
+            if inner[0] != drove:
+                return None
+            return [[local_drove] + cmd[1:cmd.index("--")] + ["--help"], [local_drove] + inner[1:] + ["--help"]]
+        return [[local_drove] + cmd[1:] + ["--help"]]
+    if cmd[0] == python and cmd[1] == script:
+        return [[sys.executable, local_script] + cmd[2:] + ["--check-args"]]
+    return None
+
+
+# ---------------------------------------------------------------------------
+# cubecl's profiling log.
+
+def profile_config(log_path):
+    """cubecl.toml for a profiled run: every kernel timed (`basic`: cubecl 0.10's
+    ProfilingLogLevel, a line `| DURATION | NAME` each) into `log_path`."""
+    return f'[profiling.logger]\nlevel = "basic"\nfile = {json.dumps(log_path)}\nappend = false\n'
+
+
+DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ns|µs|us|ms|s)$")
+UNIT_S = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_duration(text):
+    """Seconds of a Rust `Duration` as `{:?}` prints it (`8.63ms`, `501µs`,
+    `1.5s`, `120ns`), or None."""
+    m = DURATION.match(text.strip())
+    return float(m.group(1)) * UNIT_S[m.group(2)] if m else None
+
+
+def profile_ranking(text, steps, top=PROFILE_TOP):
+    """cubecl's profiling log (`| 8.63ms     | NAME`, one line a kernel
+    launched; its summary tables are skipped) summed up by kernel name and
+    ranked by `count x median`, which leaves out the first launch's compile
+    that a total carries; per step over `steps` (the log spans the whole run,
+    loading and untimed steps included: a kernel run fewer times than there
+    were steps ran outside them)."""
+    by_name = {}
+    for line in text.splitlines():
+        if not line.startswith("| "):
+            continue
+        head, sep, name = line[2:].partition(" | ")
+        seconds = parse_duration(head) if sep else None
+        if seconds is None:
+            continue
+        by_name.setdefault(name.strip(), []).append(seconds)
+    rows = []
+    for name, times in by_name.items():
+        med = statistics.median(times)
+        rows.append({"kernel": name, "count": len(times), "total_ms": 1e3 * sum(times), "median_us": 1e6 * med,
+                     "ranked_ms": 1e3 * med * len(times)})
+    rows.sort(key=lambda r: -r["ranked_ms"])
+    ranked = sum(r["ranked_ms"] for r in rows)
+    for r in rows:
+        r["per_step_ms"] = r["ranked_ms"] / steps if steps else None
+        r["share"] = r["ranked_ms"] / ranked if ranked else None
+    return {"kernels_launched": sum(r["count"] for r in rows), "distinct_kernels": len(rows), "steps": steps,
+            "ranked_ms": ranked, "ranked_ms_per_step": ranked / steps if steps else None,
+            "total_ms": sum(r["total_ms"] for r in rows), "top": rows[:top]}
+
+
+# ---------------------------------------------------------------------------
+# The matmul sweep, summed up.
+
+def matmul_summary(report):
+    """Each shape of `drove bench matmul`'s JSON: the fastest cubek kernel that
+    matched its reference (and the fastest at f32) beside cuBLAS's sgemm and
+    TF32, and their ratios (cubek's time over cuBLAS's: above 1 is slower)."""
+    if not isinstance(report, dict):
+        return None
+    shapes = {}
+    for row in report.get("rows", []):
+        key = (row.get("class"), row.get("sentences"), row.get("seq"))
+        shapes.setdefault(key, []).append(row)
+    out = []
+    for (cls, sentences, seq), rows in shapes.items():
+        ok = [r for r in rows if r.get("mean_us") and r.get("matched") and not r.get("error")]
+        cubek = [r for r in ok if not str(r.get("strategy", "")).startswith("cublas")]
+        best = min(cubek, key=lambda r: r["mean_us"], default=None)
+        best_f32 = min((r for r in cubek if r.get("precision") == "f32"), key=lambda r: r["mean_us"], default=None)
+        lib = {r["strategy"]: r["mean_us"] for r in ok if str(r.get("strategy", "")).startswith("cublas")}
+        entry = {"class": cls, "sentences": sentences, "seq": seq,
+                 "best": best and {"strategy": best["strategy"], "mean_us": best["mean_us"], "tflops": best.get("tflops")},
+                 "best_f32": best_f32 and {"strategy": best_f32["strategy"], "mean_us": best_f32["mean_us"]},
+                 "cublas_sgemm_us": lib.get("cublas_sgemm"), "cublas_tf32_us": lib.get("cublas_tf32"),
+                 "failed": sorted(r.get("strategy") for r in rows if r.get("error"))}
+        entry["best_over_cublas_tf32"] = (best["mean_us"] / lib["cublas_tf32"]
+                                          if best and lib.get("cublas_tf32") else None)
+        entry["best_f32_over_cublas_sgemm"] = (best_f32["mean_us"] / lib["cublas_sgemm"]
+                                               if best_f32 and lib.get("cublas_sgemm") else None)
+        out.append(entry)
+    return {"shapes": out, "shapes_skipped": report.get("skipped"), "cublas": report.get("cublas")}
+
+
+# ---------------------------------------------------------------------------
 # What the phases measured, summed up.
 
 def sentences_per_s(run):
     return run.get("sentences_per_s") if isinstance(run, dict) else None
 
 
+def median_sentences_per_s(run):
+    return run.get("median_sentences_per_s") if isinstance(run, dict) else None
+
+
 def ratio(ours, theirs):
-    """drove's sentences/s over PyTorch's, or None where either is missing."""
+    """drove's sentences/s over PyTorch's (means over the timed steps: total
+    work over total time), or None where either is missing."""
     a, b = sentences_per_s(ours), sentences_per_s(theirs)
     return a / b if a and b else None
 
 
-def fit_steps(requested, warmup, batch, deadline_s, reference, minimum=30, margin=0.8):
+def median_ratio(ours, theirs):
+    """The same over each run's median step."""
+    a, b = median_sentences_per_s(ours), median_sentences_per_s(theirs)
+    return a / b if a and b else None
+
+
+def mean_over_median(run):
+    """A run's mean step over its median step (from sentences/s: the mean
+    step is a batch over the mean sentences/s), or None."""
+    mean, med = sentences_per_s(run), median_sentences_per_s(run)
+    return med / mean if mean and med else None
+
+
+def mean_near_median(run, tolerance=MEAN_MEDIAN_TOLERANCE):
+    """Whether a run's mean step lies within `tolerance` of its median."""
+    r = mean_over_median(run)
+    return None if r is None else abs(r - 1.0) <= tolerance
+
+
+def fit_steps(requested, warmup, batch, deadline_s, reference, minimum=20, margin=0.8):
     """Steps at `batch` that fit in `deadline_s`, estimated from `reference`
     (drove bench train's JSON at another batch): a step as long as `batch`
     sentences took there (no gain from the larger batch assumed), the
@@ -713,31 +1066,78 @@ def peak_mib(run):
     return run["gpu_memory_sampled"].get("peak_over_idle_mib")
 
 
+def pytorch_mib(run):
+    """What a PyTorch run held on the GPU at its peak (MiB): its CUDA context
+    and the most its caching allocator reserved (the runs share a process, so
+    nvidia-smi's peak is the largest run's)."""
+    if not isinstance(run, dict) or run.get("gpu_max_memory_reserved_bytes") is None:
+        return None
+    return (run["gpu_max_memory_reserved_bytes"] + (run.get("cuda_context_bytes") or 0)) / 2**20
+
+
+def comparison(ours, theirs):
+    """One drove run against one PyTorch run."""
+    return {"ratio_mean": ratio(ours, theirs), "ratio_median": median_ratio(ours, theirs),
+            "drove_sentences_per_s": sentences_per_s(ours), "pytorch_sentences_per_s": sentences_per_s(theirs),
+            "drove_median_sentences_per_s": median_sentences_per_s(ours),
+            "pytorch_median_sentences_per_s": median_sentences_per_s(theirs),
+            "drove_steps_timed": ours.get("steps_timed") if isinstance(ours, dict) else None,
+            "pytorch_steps_timed": theirs.get("steps_timed") if isinstance(theirs, dict) else None,
+            "drove_partial": bool(ours.get("partial")) if isinstance(ours, dict) else None}
+
+
 def targets(data):
-    """Each target beside what was measured (`met` is null where it was not)."""
+    """Each target beside what was measured (`met` is null where it was not),
+    and every configuration against both PyTorch runs."""
     out = {}
-    for batch in ("b32", "b256"):
-        ours, theirs = data.get(f"drove_{batch}"), data.get(f"pytorch_{batch}")
+    for batch in BATCHES:
+        ours, theirs = data.get(bench_key(batch, "all_steps")), data.get(pytorch_key(batch, False))
         r = ratio(ours, theirs)
-        out[f"{batch}_ratio"] = {
-            "target": "drove/pytorch sentences_per_s >= 1", "drove_sentences_per_s": sentences_per_s(ours),
-            "pytorch_sentences_per_s": sentences_per_s(theirs), "ratio": r, "met": None if r is None else r >= 1.0,
-            "kernels_launched_per_step": ours.get("kernels_launched_per_step") if isinstance(ours, dict) else None}
-    warm = data.get("drove_warm_first_step_seconds")
+        out[f"b{batch}_all_steps_over_pytorch_f32"] = {
+            "target": f"drove (every step on) / PyTorch eager f32 + fused AdamW, sentences/s means >= "
+                      f"{RATIO_TARGETS[batch]}", "goal": 1.0, **comparison(ours, theirs),
+            "met": None if r is None else r >= RATIO_TARGETS[batch]}
+    near = {"target": f"a run's mean step within {MEAN_MEDIAN_TOLERANCE:.0%} of its median"}
+    for key in sorted(data):
+        if key.startswith(("drove_b", "pytorch_b", "host_floor")) and isinstance(data[key], dict):
+            near[key] = {"mean_over_median": mean_over_median(data[key]), "met": mean_near_median(data[key])}
+    wanted = [near.get(bench_key(b, "all_steps"), {}).get("met") for b in BATCHES]
+    near["met"] = None if None in wanted else all(wanted)
+    out["mean_within_5pct_of_median"] = near
+    memory = {"how": "drove: nvidia-smi's peak over idle, every 100 ms; PyTorch: its CUDA context plus the most "
+                     "its allocator reserved (max_memory_reserved)"}
+    for batch in BATCHES:
+        ours, theirs = peak_mib(data.get(bench_key(batch, "all_steps"))), pytorch_mib(data.get(pytorch_key(batch, False)))
+        memory[f"b{batch}"] = {"drove_mib": ours, "pytorch_mib": theirs,
+                               "drove_over_pytorch": ours / theirs if ours and theirs else None}
+    out["peak_memory"] = memory
+    out["comparisons"] = {
+        f"b{batch}_{config}": {"flags": step_flags(config),
+                               "vs_pytorch_f32": comparison(data.get(bench_key(batch, config)),
+                                                            data.get(pytorch_key(batch, False))),
+                               "vs_pytorch_tf32": comparison(data.get(bench_key(batch, config)),
+                                                             data.get(pytorch_key(batch, True)))}
+        for batch in BATCHES for config in CONFIG_ORDER}
+    transfers = {"target": "one blocking read a step at world 1 (issue 49 step 4), uploads 6 or fewer"}
+    for key in [bench_key(b, c) for b in BATCHES for c in CONFIG_ORDER] + ["launches"]:
+        run = data.get(key)
+        if isinstance(run, dict) and isinstance(run.get("transfers_per_step"), dict):
+            transfers[key] = run["transfers_per_step"]
+    counted = data.get("launches") if isinstance(data.get("launches"), dict) else {}
+    t = counted.get("transfers_per_step")
+    transfers["met"] = None if not isinstance(t, dict) else (t.get("max_reads") == 1 and t.get("max_uploads", 99) <= 6)
+    transfers["kernels_launched_per_step"] = counted.get("kernels_launched_per_step")
+    out["transfers"] = transfers
+    host = data.get("host_floor")
+    out["host_floor"] = {"batch": HOST_FLOOR["batch"],
+                         "step_median_seconds": (HOST_FLOOR["batch"] / median_sentences_per_s(host)
+                                                 if median_sentences_per_s(host) else None),
+                         "step_mean_seconds": host.get("step_mean_seconds") if isinstance(host, dict) else None}
+    warm = counted.get("first_step_seconds")
     out["warm_first_step"] = {"target_s": WARM_FIRST_STEP_TARGET_S, "seconds": warm,
                               "met": None if warm is None else warm < WARM_FIRST_STEP_TARGET_S}
-    memory = {"target": "drove's sampled peak GPU memory (over idle) <= PyTorch's"}
-    mets = []
-    for batch in ("b32", "b256"):
-        ours, theirs = peak_mib(data.get(f"drove_{batch}")), peak_mib(data.get(f"pytorch_{batch}"))
-        met = None if ours is None or theirs is None else ours <= theirs
-        memory[batch] = {"drove_mib": ours, "pytorch_mib": theirs, "met": met}
-        if met is not None:
-            mets.append(met)
-    memory["met"] = all(mets) if mets else None
-    out["peak_memory"] = memory
-    goals = [out[k]["met"] for k in ("b32_ratio", "b256_ratio", "warm_first_step", "peak_memory")]
-    out["all_met"] = all(goals) if None not in goals else None
+    goals = [out[f"b{b}_all_steps_over_pytorch_f32"]["met"] for b in BATCHES] + [near["met"]]
+    out["all_met"] = None if None in goals else all(goals)
     return out
 
 
@@ -755,30 +1155,178 @@ def folder_size(path):
 
 
 # ---------------------------------------------------------------------------
+# The phases that need more than one command's JSON.
+
+# `drove bench train`'s step lines on stderr (for `steps_from_log`).
+BENCH_LOG = "info,drove_bench=debug,wgpu_hal=off"
+
+
+def measured(report, key, cmd, env, timeout, batch, warmup, cwd=None):
+    """Runs one `drove bench train` with the GPU memory sampled and records its
+    JSON under `key`; one cut at its deadline (or that printed none) is
+    recorded from the steps it logged (`steps_from_log`, `partial`)."""
+    with GpuMemory() as mem:
+        ran = run_command(report, key, cmd, {**env, "RUST_LOG": BENCH_LOG}, timeout, cwd)
+    value = None
+    if ran is not None:
+        code, stdout, stderr, took = ran
+        value = json_lines(stdout).get(0)
+        if code not in (0, None):
+            report.error(key, f"exit {code} after {took:.1f} s: {stderr.strip()[-3000:]}")
+        if value is None:
+            if code == 0:
+                report.error(key, f"printed no JSON (exit 0 after {took:.1f} s): {stderr.strip()[-2000:]}")
+            value = steps_from_log(stderr, warmup, batch)
+        if value is not None:
+            value.update({"phase_seconds": took, "exit_code": code, "gpu_memory_sampled": mem.result()})
+    report.set(key, value)
+    return value
+
+
+def profile_phase(report, key, cmd, env, timeout, folder, log_out, steps, batch, warmup):
+    """`cmd` (a `drove bench train`) run in `folder` beside a cubecl.toml that
+    times every kernel into a log; records the run under `key` and the
+    ranking (`profile_ranking`) under `key`_ranking; the log is kept,
+    compressed, at `log_out` (.xz)."""
+    os.makedirs(folder, exist_ok=True)
+    log_path = os.path.join(folder, "profile.log")
+    if os.path.exists(log_path):
+        os.remove(log_path)
+    with open(os.path.join(folder, "cubecl.toml"), "w") as f:
+        f.write(profile_config(log_path))
+    measured(report, key, cmd, env, timeout, batch, warmup, cwd=folder)
+    if not os.path.exists(log_path):
+        report.error(key, f"cubecl wrote no profiling log at {log_path}")
+        report.set(f"{key}_ranking", None)
+        return None
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    with lzma.open(log_out, "wt", encoding="utf-8") as f:
+        f.write(text)
+    ranking = profile_ranking(text, steps)
+    ranking["log"] = log_out
+    ranking["timing"] = ("cubecl's profiling (basic): each kernel between two syncs; on CUDA by the host clock "
+                         "(launch latency in, overlap out); ranked by count x median (first-launch compiles out)")
+    report.set(f"{key}_ranking", ranking)
+    return ranking
+
+
+def run_pytorch(report, cmd, env, timeout):
+    """pytorch_ner.py's runs, one JSON line each (kept from a run cut at its
+    deadline too), recorded by batch size and TF32 (`pytorch_key`)."""
+    with GpuMemory() as mem:
+        ran = run_command(report, "pytorch", cmd, env, timeout)
+    if ran is None:
+        return []
+    code, stdout, stderr, took = ran
+    runs = json_objects(stdout)
+    if code not in (0, None):
+        report.error("pytorch", f"exit {code} after {took:.1f} s: {stderr.strip()[-3000:]}")
+    if not runs and code == 0:
+        report.error("pytorch", f"printed no JSON (exit {code} after {took:.1f} s): {stderr.strip()[-2000:]}")
+    for run in runs:
+        report.set(pytorch_key(run.get("batch_size"), run.get("tf32")), run)
+    report.set("pytorch_process", {"phase_seconds": took, "exit_code": code, "runs": len(runs),
+                                   "gpu_memory_sampled": mem.result()})
+    return runs
+
+
+# ---------------------------------------------------------------------------
+
+def dry_run(local_drove, local_script, wgpu_data=None, wgpu_model=None):
+    """Every command line of the check parsed by the local tools
+    (`parse_check`), for real weights and for random ones; with `wgpu_data`
+    and `wgpu_model`, the profile phase run for real on `--device wgpu`.
+    Returns the number of failures."""
+    failures = 0
+    local_drove, local_script = os.path.abspath(local_drove), os.path.abspath(local_script)
+    with tempfile.TemporaryDirectory() as tmp:
+        for init in ((), ("--random-init",)):
+            cmds = planned_commands("DROVE", "PYTHON", "SCRIPT", os.path.join(tmp, "data"),
+                                    os.path.join(tmp, "model"), os.path.join(tmp, "work"),
+                                    os.path.join(tmp, "kcache"), init)
+            for phase, cmd in cmds.items():
+                checks = parse_check(cmd, "DROVE", local_drove, "PYTHON", "SCRIPT", local_script)
+                if checks is None:
+                    print(f"dry run: {phase}: not a command the dry run knows: {cmd}")
+                    failures += 1
+                    continue
+                for check in checks:
+                    out = subprocess.run(check, capture_output=True, text=True, timeout=120)
+                    shown = " ".join(check[1:])
+                    if out.returncode != 0:
+                        failures += 1
+                        print(f"dry run: {phase}{' ' + init[0] if init else ''}: FAILED (exit {out.returncode}): "
+                              f"{shown}\n{out.stderr.strip()[-1500:]}")
+                    else:
+                        print(f"dry run: {phase}{' ' + init[0] if init else ''}: ok")
+        if wgpu_data and wgpu_model:
+            report = Report(os.path.join(tmp, "dry-run.json"))
+            env = {**os.environ, "LP_NUM_THREADS": os.environ.get("LP_NUM_THREADS", "1")}
+            cmd = drove_bench(local_drove, 2, 2, 1, "all_steps", "off",
+                              ["--data", os.path.abspath(wgpu_data), "--model", os.path.abspath(wgpu_model)],
+                              ["--random-init"], device="wgpu", prewarm="off")
+            ranking = profile_phase(report, "profile_wgpu", cmd, env, 300, os.path.join(tmp, "profile"),
+                                    os.path.join(tmp, "profile.log.xz"), 3, 2, 1)
+            run = report.data.get("profile_wgpu")
+            if not ranking or not ranking["top"] or not isinstance(run, dict) or run.get("partial"):
+                failures += 1
+                print(f"dry run: profile on wgpu: FAILED: {json.dumps(report.data)[-3000:]}")
+            else:
+                print(f"dry run: profile on wgpu: ok, {ranking['kernels_launched']} kernels launched, "
+                      f"{ranking['distinct_kernels']} distinct; the first: "
+                      + "; ".join(f"{r['kernel']} {r['ranked_ms']:.2f} ms" for r in ranking["top"][:3]))
+    print(f"dry run: {'every command parses' if not failures else f'{failures} failed'}")
+    return failures
+
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pack", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=float, default=400, help="seconds for everything")
-    ap.add_argument("--steps", type=int, default=300, help="timed steps of the throughput runs (both batches)")
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description="The GPU check's run (see the module's docstring).")
+    ap.add_argument("--pack", help="the unpacked pack (gpu-check.sh's folder)")
+    ap.add_argument("--out", help="where gpu-check.json and the profile log go")
+    ap.add_argument("--work", help="where the pack is unpacked and the runs write (default: "
+                                   "$TMPDIR/drove-gpu-check, outside --out, so that it does not come back)")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for everything")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="parse every command line with --drove and --script here, run nothing on a GPU")
+    ap.add_argument("--drove", help="with --dry-run: the drove binary that parses drove's command lines")
+    script_default = next((p for p in (os.path.join(here, "pytorch_ner.py"),
+                                       os.path.join(here, "..", "bench", "pytorch_ner.py")) if os.path.exists(p)),
+                          None)
+    ap.add_argument("--script", default=script_default, help="with --dry-run: pytorch_ner.py")
+    ap.add_argument("--wgpu-data", help="with --dry-run: CoNLL-2003 files for a profiled run on --device wgpu")
+    ap.add_argument("--wgpu-model", help="with --dry-run: a model folder for that run (random weights)")
     args = ap.parse_args()
+    if args.dry_run:
+        if not args.drove or not args.script:
+            ap.error("--dry-run needs --drove (and --script where pytorch_ner.py is not found)")
+        sys.exit(1 if dry_run(args.drove, args.script, args.wgpu_data, args.wgpu_model) else 0)
+    if not args.pack or not args.out:
+        ap.error("--pack and --out are needed (or --dry-run)")
+    run_check(args)
+
+
+def run_check(args):
     t0 = time.time()
     left = lambda: args.budget - (time.time() - t0)
-    os.makedirs(args.out, exist_ok=True)
-    report = Report(os.path.join(args.out, "gpu-check.json"), summary=targets)
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    report = Report(os.path.join(out, "gpu-check.json"), summary=targets)
     report.set("budget_s", args.budget)
-    work = os.path.join(args.out, "work")
+    work = os.path.abspath(args.work or os.path.join(tempfile.gettempdir(), "drove-gpu-check"))
+    shutil.rmtree(work, ignore_errors=True)
+    report.set("work", work)
     drove, data, model = unpack(args.pack, work)
     meta = json.load(open(os.path.join(args.pack, "pack.json")))
     report.set("pack", meta)
     real = meta["weights"] == "real"
     if real:
         f16 = os.path.join(model, "model.f16.safetensors")
-        out = subprocess.run([drove, "weights", f16, os.path.join(model, "model.safetensors"), "--to", "f32"],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            report.error("weights", out.stderr)
+        done = subprocess.run([drove, "weights", f16, os.path.join(model, "model.safetensors"), "--to", "f32"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            report.error("weights", done.stderr)
             real = False
         os.remove(f16)
     env, choice = library_env(work)
@@ -795,9 +1343,10 @@ def main():
     except (OSError, subprocess.TimeoutExpired, IndexError) as e:
         report.set("device", None)
         report.error("device", f"nvidia-smi: {e}")
+    report.set("ncu", shutil.which("ncu"))
     report.set("setup_seconds", time.time() - t0)
 
-    # One kernel cache for every drove run, new for the cold one: the flag for
+    # One kernel cache for every drove run, new for the first one: the flag for
     # `drove bench train`, the variable for the others (`drove train ner`).
     kcache = os.path.join(work, "kcache")
     shutil.rmtree(kcache, ignore_errors=True)
@@ -810,108 +1359,100 @@ def main():
         report.data["deadlines"] = deadlines
         return d
 
-    init = [] if real else ["--random-init"]
+    init = [] if real else ["--random-init"]  # `drove train ner --random-init` is hidden, the same draw
     data_model = ["--data", data, "--model", model]
     script = os.path.join(args.pack, "pytorch_ner.py")
+    cmds = planned_commands(drove, sys.executable, script, data, model, work, kcache, init)
+    report.set("runs", {"batches": list(BATCHES), "steps": STEPS, "warmup": WARMUP, "bucket_window": BUCKET_WINDOW,
+                        "host_floor": HOST_FLOOR, "launches": LAUNCHES, "profile": PROFILE,
+                        "step_configs": {c: step_flags(c) for c in CONFIG_ORDER}, "random_init": not real})
 
-    def drove_bench(batch, steps, warmup):
-        return ([drove, "bench", "train", "--device", "cuda", "--json", "--batch-size", str(batch),
-                 "--steps", str(steps), "--warmup-steps", str(warmup), "--bucket-window", "16",
-                 "--kernel-cache", kcache] + data_model + init)
-
-    def pytorch_bench(batch, steps, warmup):
-        return ([sys.executable, script, "--device", "cuda", "--fused-adamw", "--batch-size", str(batch),
-                 "--steps", str(steps), "--warmup-steps", str(warmup), "--bucket-window", "16"] + data_model + init)
-
-    def measured(key, label, cmd):
-        """Runs `cmd` under its phase's deadline with the GPU memory sampled;
-        records its JSON under `key`."""
-        # Each step on stderr, so that a run cut at its deadline still says
-        # how far it got and what its steps took.
-        logged = {**env, "RUST_LOG": "info,drove_bench=debug,wgpu_hal=off"}
-        with GpuMemory() as mem:
-            value = run_json(report, label, cmd, logged, deadline(key))
-        if value:
-            value["gpu_memory_sampled"] = mem.result()
-        report.set(key, value)
-        return value
-
-    # 2-3. Batch 32: drove with an empty kernel cache, then PyTorch (20
-    # untimed steps each: cubecl autotunes per shape, cuBLAS picks on first use).
-    ours = measured("drove_b32", "drove b32 (cold kernel cache)", drove_bench(32, args.steps, 20))
+    # 1. The host floor, on an empty kernel cache.
+    host = measured(report, "host_floor", cmds["host_floor"], env, deadline("host_floor"), HOST_FLOOR["batch"],
+                    HOST_FLOOR["warmup"])
     files, size = folder_size(kcache)
-    report.set("kernel_cache_after_cold", {"path": kcache, "files": files, "bytes": size})
-    theirs = measured("pytorch_b32", "pytorch b32", pytorch_bench(32, args.steps, 20))
-    report.set("drove_over_pytorch_b32", ratio(ours, theirs))
+    report.set("kernel_cache_after_host_floor", {"path": kcache, "files": files, "bytes": size})
 
-    # 4. The same run on the cache the cold one filled: its first step.
-    warm = run_json(report, "drove warm kernel cache", drove_bench(32, 5, 0), env, deadline("drove_warm"))
-    report.set("drove_warm", warm)
-    report.set("drove_warm_first_step_seconds", warm.get("first_step_seconds") if warm else None)
-    report.set("first_step", first_step_summary(ours, warm))
+    # 2. PyTorch at both batches, f32 then TF32, in one process; then drove's
+    # three configurations at both batches, every step on first.
+    run_pytorch(report, cmds["pytorch"], env, deadline("pytorch"))
+    fitted = {}
+    for config in CONFIG_ORDER:
+        for batch in BATCHES:
+            key = bench_key(batch, config)
+            cmd = cmds[key]
+            if batch != BATCHES[0]:
+                steps, why = fit_steps(STEPS, WARMUP, batch, phase_deadline(key, left()),
+                                       report.data.get(bench_key(BATCHES[0], config)))
+                fitted[config] = {"requested": STEPS, "steps": steps, "why_fewer": why}
+                report.set(f"b{batch}_steps", fitted)
+                if steps != STEPS:
+                    cmd = drove_bench(drove, batch, steps, WARMUP, config, kcache, data_model, init)
+            measured(report, key, cmd, env, deadline(key), batch, WARMUP)
 
-    # 5. Batch 256 (55 steps an epoch: both cycle epochs), as many steps as fit.
-    steps, why = fit_steps(args.steps, 10, 256, phase_deadline("drove_b256", left()), ours)
-    report.set("b256_steps", {"requested": args.steps, "steps": steps, "warmup": 10, "why_fewer": why})
-    ours256 = measured("drove_b256", "drove b256", drove_bench(256, steps, 10))
-    theirs256 = measured("pytorch_b256", "pytorch b256", pytorch_bench(256, steps, 10))
-    report.set("drove_over_pytorch_b256", ratio(ours256, theirs256))
+    # 3. Kernels launched, reads and uploads a step; its first step is the warm one.
+    launches = measured(report, "launches", cmds["launches"], env, deadline("launches"), LAUNCHES["batch"],
+                        LAUNCHES["warmup"])
+    report.set("first_step", first_step_summary(host, launches))
 
-    # 6. Four ranks on the one GPU, gradients staged through the host, against one.
-    init_ner = init  # `drove train ner --random-init` is a hidden flag, the same draw as bench train's
-    report.set("train_equivalence_world4_host",
+    # 4. Every kernel's time at batch 256, from cubecl's profiling log.
+    profile_phase(report, "profile_b256", cmds["profile_b256"], env, deadline("profile_b256"),
+                  os.path.join(work, "profile"), os.path.join(out, "profile-b256.log.xz"),
+                  PROFILE["warmup"] + PROFILE["steps"], PROFILE["batch"], PROFILE["warmup"])
+
+    # 5. cubek's matmul strategies beside cuBLAS, as many shapes as fit: no
+    # new shape after 30% of the deadline (a shape compiles every kernel it
+    # tries before timing it, and a sweep cut at its deadline prints nothing).
+    d = deadline("matmul")
+    sweep = run_json(report, "matmul", matmul_bench(drove, max(5.0, 0.3 * d)), env, d)
+    report.set("matmul", sweep)
+    report.set("matmul_summary", matmul_summary(sweep))
+
+    # 6. Four ranks on the one GPU against one, at f32, gradients through the host.
+    report.set("train_equivalence_world4_f32",
                train_equivalence(report, drove, data, model, env, work, 4,
                                  lambda: deadline("equivalence_world1"), lambda: deadline("equivalence_world4"),
-                                 extra=["--gradient-path", "host"], init=init_ner,
-                                 name="train equivalence world 4 host"))
+                                 extra=EQUIVALENCE_FLAGS, init=init, name="train equivalence world 4 f32"))
 
-    # 7. The diversity story on those four ranks.
+    # 7. The diversity story on those four ranks, the gradient path at auto.
     summaries = {}
     for seeding in ("naive", "derived"):
-        out_dir = os.path.join(work, f"story-{seeding}")
-        shutil.rmtree(out_dir, ignore_errors=True)
-        cmd = under_run(drove, STORY_WORLD, story_args(seeding, data, model, out_dir, init_ner))
-        summaries[seeding] = run_json(report, f"story {seeding}", cmd, env, deadline(f"story_{seeding}"))
+        shutil.rmtree(os.path.join(work, f"story-{seeding}"), ignore_errors=True)
+        summaries[seeding] = run_json(report, f"story {seeding}", cmds[f"story_{seeding}"], env,
+                                      deadline(f"story_{seeding}"))
         report.set("story_gpu", {**story_verdict(summaries.get("naive"), summaries.get("derived")),
-                                 "summaries": summaries, "random_init": not real})
+                                 "gradient_path": "auto", "summaries": summaries, "random_init": not real})
 
-    # 8. NCCL at world 1 and the in-place buckets; world 2 where NCCL allows it.
-    sizes = ["--sizes", "64MiB"]
-    report.set("nccl", run_json(report, "nccl", [drove, "bench", "nccl", "--json"] + sizes, env, deadline("nccl")))
-    report.set("in_place", run_json(report, "in place", [drove, "bench", "nccl", "--buckets", "--json"], env,
-                                    deadline("in_place")))
+    # 8. With time left: NCCL at world 1 and the in-place buckets; world 2
+    # where NCCL allows it; F1 after one epoch.
+    if left() > 30:
+        report.set("nccl", run_json(report, "nccl", cmds["nccl"], env, min(15, deadline("nccl"))))
+        report.set("in_place", run_json(report, "in place", cmds["in_place"], env, min(15, deadline("in_place"))))
+    else:
+        report.set("nccl", f"not measured: {left():.0f} s left of the budget (needs 30)")
     code = versions["nccl"].get("code") if isinstance(versions["nccl"], dict) else None
-    if code is not None and code >= MULTI_RANK_GPU_FROM:
+    if code is not None and code >= MULTI_RANK_GPU_FROM and left() > 90:
         env2 = {**env, "NCCL_MULTI_RANK_GPU_ENABLE": "1"}
         report.set("world2", {"allowed": True,
                               "why": f"NCCL {versions['nccl']['version']} with NCCL_MULTI_RANK_GPU_ENABLE=1"})
-        report.set("in_place_world2", run_json(report, "in place world 2",
-                                               under_run(drove, 2, ["bench", "nccl", "--buckets", "--gpu", "0",
-                                                                    "--json"]),
-                                               env2, min(40, deadline("in_place_world2")), every_rank=True))
-        report.set("nccl_world2", run_json(report, "nccl world 2",
-                                           under_run(drove, 2, ["bench", "nccl", "--gpu", "0", "--json"] + sizes),
-                                           env2, min(45, deadline("nccl_world2")), every_rank=True))
+        report.set("in_place_world2", run_json(report, "in place world 2", cmds["in_place_world2"], env2,
+                                               min(30, deadline("in_place_world2")), every_rank=True))
         report.set("train_equivalence", train_equivalence(
-            report, drove, data, model, env2, work, 2, lambda: min(75, deadline("equivalence_world2_1")),
-            lambda: min(75, deadline("equivalence_world2_2")), init=init_ner))
+            report, drove, data, model, env2, work, 2, lambda: min(25, deadline("equivalence_world2_1")),
+            lambda: min(35, deadline("equivalence_world2_2")), init=init))
+    elif code is not None and code >= MULTI_RANK_GPU_FROM:
+        report.set("world2", {"allowed": True, "measured": False, "why": f"{left():.0f} s left (needs 90)"})
     else:
         why = (f"NCCL {versions['nccl'].get('version')} is older than 2.30, which refuses two ranks on one GPU "
                "(\"Duplicate GPU detected\")" if code is not None
                else f"the NCCL version is unknown: {versions['nccl']}")
         report.set("world2", {"allowed": False, "why": why})
-
-    # 9. F1 after one epoch, where time is left.
     if real and left() > 150:
         f1 = {}
-        run_out = os.path.join(work, "run")
-        shutil.rmtree(run_out, ignore_errors=True)
-        summary = run_json(report, "drove f1", [drove, "train", "ner", "--device", "cuda", "--epochs", "1",
-                                                "--eval", "test", "--json", "--out", run_out] + data_model,
-                           env, left() / 2 - 5)
+        shutil.rmtree(os.path.join(work, "run"), ignore_errors=True)
+        summary = run_json(report, "drove f1", cmds["f1_drove"], env, left() / 2 - 5)
         f1["drove_test_f1"] = summary and summary.get("test_f1")
-        theirs_f1 = run_json(report, "pytorch f1", [sys.executable, script, "--device", "cuda", "--epochs", "1"]
-                             + data_model, env, left() - 10)
+        theirs_f1 = run_json(report, "pytorch f1", cmds["f1_pytorch"], env, left() - 10)
         f1["pytorch_test_f1"] = theirs_f1 and (theirs_f1.get("history") or [{}])[-1].get("test_f1")
         if f1["drove_test_f1"] is not None and f1["pytorch_test_f1"] is not None:
             f1["difference_points"] = 100 * (f1["drove_test_f1"] - f1["pytorch_test_f1"])
