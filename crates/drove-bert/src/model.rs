@@ -57,7 +57,14 @@ impl<B: Backend> Embeddings<B> {
                 self.token_type.weight.val().slice(0..1).unsqueeze::<3>()
             }
         };
-        let x = self.word.forward(ids) + positions + types;
+        let words = match sums {
+            EmbeddingSums::Select => self.word.forward(ids),
+            // The table's gradient by drove's deterministic scatter where the
+            // backend has drove's kernels, burn's lookup elsewhere.
+            EmbeddingSums::Sliced => drove_kernels::embedding::lookup(self.word.weight.val(), ids)
+                .unwrap_or_else(|(_, ids)| self.word.forward(ids)),
+        };
+        let x = words + positions + types;
         dropout(&self.dropout, self.norm.forward(x))
     }
 }

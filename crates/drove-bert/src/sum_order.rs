@@ -13,7 +13,7 @@ use burn::tensor::{Int, Tensor};
 pub struct SumOrder {
     /// How dense layers' weight and bias gradients are summed over tokens.
     pub dense: DenseSums,
-    /// How the position and token-type tables' gradients are summed.
+    /// How the embedding tables' gradients are summed.
     pub embeddings: EmbeddingSums,
 }
 
@@ -72,8 +72,8 @@ impl DenseSums {
     }
 }
 
-/// How the position and token-type embeddings are added and their tables'
-/// gradients summed.
+/// How the position and token-type embeddings are added, and how the three
+/// tables' gradients (word, position, token type) are summed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum EmbeddingSums {
     /// A lookup (burn's `select`) of every token's position and type: the
@@ -85,7 +85,13 @@ pub enum EmbeddingSums {
     /// the batch (backward: a sum over the batch into those rows), and, when
     /// the input says every token type is 0 ([`TokenTypes::Zero`]), row 0 of
     /// the token-type table broadcast to every token (backward: a sum over
-    /// all tokens into row 0). Types given as ids are still looked up.
+    /// all tokens into row 0). Types given as ids are still looked up. On
+    /// backends with drove's kernels (the GPUs'), the word table is looked
+    /// up through `drove_kernels::embedding::lookup`, whose gradient is
+    /// drove's deterministic scatter (the batch's ids sorted on the device,
+    /// each id's tokens added in ascending order, no atomics) rather than
+    /// `select_assign`; elsewhere (the CPU) it is burn's lookup, as under
+    /// [`EmbeddingSums::Select`].
     Sliced,
 }
 
