@@ -207,8 +207,9 @@ pub struct TrainReport {
     /// Kernels compiled in this run (wgpu: counted as compiled; CUDA: the
     /// entries its PTX cache gained; `None` where neither tells).
     pub kernels_compiled: Option<u64>,
-    /// Kernels launched per step, on average over every step (warm-up
-    /// included), where the device counts them (`--count-launches`).
+    /// Kernels launched per step, on average over the steps after the first
+    /// (over the one step of a one-step run), where the device counts them
+    /// (`--count-launches`).
     pub kernels_launched_per_step: Option<f64>,
     /// The median of the timed steps' sentences per second.
     pub median_sentences_per_s: f64,
@@ -283,7 +284,13 @@ impl TransfersPerStep {
 }
 
 /// Records each step's timing and transfers.
-struct Timer {
+struct Timer<'a> {
+    /// Kernels launched so far, where they are counted (`--count-launches`).
+    launches: Option<&'a dyn Fn() -> Option<u64>>,
+    /// The launches counted by the end of the first step: launches per step
+    /// are counted from there, so that what ran before the first step (the
+    /// pre-warm pass) is not taken for a step's.
+    after_first: Option<u64>,
     steps: Vec<(f64, f64)>, // (sentences/s, tokens/s)
     phases: Vec<PhaseTimes>,
     /// The transfers counted by the end of the last step seen.
@@ -292,7 +299,7 @@ struct Timer {
     transfers: Vec<Transfers>,
 }
 
-impl Observer for Timer {
+impl Observer for Timer<'_> {
     fn step(&mut self, r: &StepReport) {
         // RUST_LOG=drove_bench=debug shows each step (where a first step's
         // compiling and autotuning goes, on a GPU).
@@ -307,6 +314,9 @@ impl Observer for Timer {
         let now = transfer::transfers();
         self.transfers.push(now - self.last);
         self.last = now;
+        if self.steps.len() == 1 {
+            self.after_first = self.launches.and_then(settled);
+        }
     }
 }
 
@@ -383,14 +393,28 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
         ..NerOptions::default()
     };
     let started = Instant::now();
-    let mut timer =
-        Timer { steps: Vec::new(), phases: Vec::new(), last: transfer::transfers(), transfers: Vec::new() };
+    let launches = || trainer.kernels_launched();
+    let mut timer = Timer {
+        launches: launched_before.is_some().then_some(&launches as &dyn Fn() -> Option<u64>),
+        after_first: None,
+        steps: Vec::new(),
+        phases: Vec::new(),
+        last: transfer::transfers(),
+        transfers: Vec::new(),
+    };
     trainer.train(&opts, &mut timer).map_err(BenchError::Ner)?;
     let wall = started.elapsed().as_secs_f64();
     let steps_run = timer.steps.len().max(1) as f64;
-    let kernels_launched_per_step = launched_before
-        .zip(settled(|| trainer.kernels_launched()))
-        .map(|(before, after)| after.saturating_sub(before) as f64 / steps_run);
+    // Over the steps after the first where there are some (the first also
+    // carries whatever ran before it), else over the one step.
+    let kernels_launched_per_step = match (timer.after_first, timer.steps.len()) {
+        (Some(first), n) if n > 1 => {
+            settled(launches).map(|after| after.saturating_sub(first) as f64 / (n - 1) as f64)
+        }
+        _ => launched_before
+            .zip(settled(launches))
+            .map(|(before, after)| after.saturating_sub(before) as f64 / steps_run),
+    };
     // Counted as compiled where the device says (wgpu), else as the entries
     // the kernel cache gained (CUDA's PTX cache).
     let kernels_compiled = match compiled_before.zip(trainer.kernels_compiled()) {

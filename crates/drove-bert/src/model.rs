@@ -13,6 +13,9 @@ use burn::tensor::{Int, Tensor};
 
 use crate::BertConfig;
 use crate::dropout::dropout;
+use drove_kernels::backends::has_kernels;
+use drove_kernels::matmul::Matmul;
+
 use crate::sum_order::{DenseSums, EmbeddingSums, SumOrder, TokenTypes};
 
 /// Word, position and token-type embeddings, summed, normalised, dropped out.
@@ -100,18 +103,25 @@ pub struct Layer<B: Backend> {
 impl<B: Backend> Layer<B> {
     /// `x`: `[batch, seq, hidden]`; `mask_bias`: `[batch, 1, 1, seq]`, 0 on real
     /// tokens and a large negative number on padding.
-    /// `dense` chooses how the dense layers' gradients are summed.
-    pub fn forward(&self, x: Tensor<B, 3>, mask_bias: Tensor<B, 4>, dense: DenseSums) -> Tensor<B, 3> {
+    /// `dense` chooses how the dense layers' gradients are summed, `matmul`
+    /// which matrix product every product of the layer takes.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        mask_bias: Tensor<B, 4>,
+        dense: DenseSums,
+        matmul: Matmul,
+    ) -> Tensor<B, 3> {
         let [batch, seq, hidden] = x.dims();
-        let dense = |linear: &Linear<B>, x: Tensor<B, 3>| self::dense(linear, x, dense);
+        let dense = |linear: &Linear<B>, x: Tensor<B, 3>| self::dense(linear, x, dense, matmul);
         let head = hidden / self.heads;
         let split = |t: Tensor<B, 3>| t.reshape([batch, seq, self.heads, head]).swap_dims(1, 2);
         let q = split(dense(&self.query, x.clone()));
         let k = split(dense(&self.key, x.clone()));
         let v = split(dense(&self.value, x.clone()));
-        let scores = q.matmul(k.transpose()) / (head as f64).sqrt() + mask_bias;
+        let scores = matmul.apply(q, k.transpose()) / (head as f64).sqrt() + mask_bias;
         let probs = dropout(&self.attention_dropout, softmax(scores, 3));
-        let context = probs.matmul(v).swap_dims(1, 2).reshape([batch, seq, hidden]);
+        let context = matmul.apply(probs, v).swap_dims(1, 2).reshape([batch, seq, hidden]);
         let attended =
             self.attention_norm.forward(dropout(&self.dropout, dense(&self.attention_output, context)) + x);
         let inner = gelu(dense(&self.intermediate, attended.clone()));
@@ -123,11 +133,13 @@ impl<B: Backend> Layer<B> {
 /// the flattened `[batch * seq, d]` rows, one GEMM for the weight gradient
 /// instead of a batched one per sequence whose results are then summed
 /// (burn's 3-D path). [`DenseSums::SplitK`]: the rows in `c` chunks times the
-/// weight broadcast over them, the bias added on the 3-D output.
-fn dense<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>, sums: DenseSums) -> Tensor<B, 3> {
+/// weight broadcast over them, the bias added on the 3-D output. `matmul`
+/// chooses the product ([`Matmul::Burn`] with plain sums is burn's `Linear`,
+/// as are plain sums on a backend without drove's kernels, the CPU).
+fn dense<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>, sums: DenseSums, matmul: Matmul) -> Tensor<B, 3> {
     let [batch, seq, d] = x.dims();
     let n = batch * seq;
-    if sums == DenseSums::Plain {
+    if sums == DenseSums::Plain && (matmul == Matmul::Burn || !has_kernels::<B>()) {
         let y = linear.forward(x.reshape([n, d]));
         let out = y.dims()[1];
         return y.reshape([batch, seq, out]);
@@ -135,11 +147,11 @@ fn dense<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>, sums: DenseSums) -> Te
     let weight = linear.weight.val();
     let out = weight.dims()[1];
     let y = match sums.chunks(n) {
-        1 => x.reshape([n, d]).matmul(weight).reshape([batch, seq, out]),
+        1 => matmul.apply(x.reshape([n, d]), weight).reshape([batch, seq, out]),
         // burn-autodiff's matmul backward: the weight's gradient is
         // `[c, d, n/c]^T-times-[c, n/c, out] = [c, d, out]`, summed over dim 0
         // because the weight was broadcast from `[1, d, out]`.
-        c => x.reshape([c, n / c, d]).matmul(weight.unsqueeze::<3>()).reshape([batch, seq, out]),
+        c => matmul.apply(x.reshape([c, n / c, d]), weight.unsqueeze::<3>()).reshape([batch, seq, out]),
     };
     match &linear.bias {
         // The bias gradient: summed over the batch, then over the sequence.
@@ -158,6 +170,9 @@ pub struct Bert<B: Backend> {
     /// How the backward's sums over tokens are laid out (a choice of the
     /// step, not saved with the weights).
     pub sums: SumOrder,
+    /// Which matrix product the layers take (a choice of the step, not saved
+    /// with the weights): burn's by default, drove's on request.
+    pub matmul: Matmul,
 }
 
 /// Turns a `[batch, seq]` 0/1 attention mask into the additive bias the layers use.
@@ -178,7 +193,7 @@ impl<B: Backend> Bert<B> {
         let bias = mask_bias(attention_mask);
         let mut x = self.embeddings.forward(ids, types, self.sums.embeddings);
         for layer in &self.layers {
-            x = layer.forward(x, bias.clone(), self.sums.dense);
+            x = layer.forward(x, bias.clone(), self.sums.dense, self.matmul);
         }
         x
     }
@@ -204,13 +219,20 @@ impl<B: Backend> BertForTokenClassification<B> {
         attention_mask: Tensor<B, 2>,
     ) -> Tensor<B, 3> {
         let hidden = self.bert.forward(ids, types, attention_mask);
-        dense(&self.classifier, dropout(&self.dropout, hidden), self.bert.sums.dense)
+        dense(&self.classifier, dropout(&self.dropout, hidden), self.bert.sums.dense, self.bert.matmul)
     }
 
     /// This model with its backward's sums laid out as `sums` (the weights
     /// unchanged).
     pub fn with_sum_order(mut self, sums: SumOrder) -> Self {
         self.bert.sums = sums;
+        self
+    }
+
+    /// This model with its layers' products taken by `matmul` (the weights
+    /// unchanged).
+    pub fn with_matmul(mut self, matmul: Matmul) -> Self {
+        self.bert.matmul = matmul;
         self
     }
 
@@ -259,7 +281,7 @@ impl BertConfig {
             })
             .collect();
         BertForTokenClassification {
-            bert: Bert { embeddings, layers, sums: SumOrder::default() },
+            bert: Bert { embeddings, layers, sums: SumOrder::default(), matmul: Matmul::default() },
             dropout: DropoutConfig::new(self.hidden_dropout_prob).init(),
             classifier: linear(h, num_labels, device),
         }

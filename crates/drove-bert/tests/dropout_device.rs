@@ -9,7 +9,7 @@ use burn::nn::DropoutConfig;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use drove_bert::{Masks, dropout, seed_dropout_rows, set_dropout_masks};
-use drove_kernels::backends::{Wgpu, WgpuFused, wgpu_default_device};
+use drove_kernels::backends::{Wgpu, WgpuFused};
 use drove_kernels::transfer;
 
 /// The outputs and input gradients of a small forward pass with three
@@ -52,27 +52,8 @@ fn device_and_host_agree<B: Backend>(device: &B::Device) {
 /// the environment changed while no other thread reads it).
 #[test]
 fn the_device_draws_the_host_masks_and_uploads_none() {
-    quiet_mesa();
-    let Some(device) = wgpu_default_device() else {
-        eprintln!(
-            "skipped: no wgpu adapter (`bash scripts/wgpu-tools.sh` installs Mesa's lavapipe as root on Debian)"
-        );
-        return;
-    };
+    let Some(device) = drove_kernels::testing::wgpu_device_or_skip() else { return };
     device_and_host_agree::<Wgpu>(&device);
     device_and_host_agree::<WgpuFused>(&device);
     set_dropout_masks(Masks::Device);
-}
-
-/// Points `XDG_RUNTIME_DIR` at a 0700 folder of its own (Mesa warns without one).
-fn quiet_mesa() {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("drove-bert-xdg-{}", std::process::id()));
-    if std::fs::create_dir_all(&dir).is_ok()
-        && std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).is_ok()
-    {
-        // SAFETY: this binary's only test calls it first, before any thread
-        // of its own or of wgpu exists to read the environment.
-        unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
-    }
 }

@@ -29,4 +29,6 @@ pub mod backends;
 pub mod dropout;
 pub mod embedding;
 pub mod matmul;
+#[cfg(feature = "wgpu")]
+pub mod testing;
 pub mod transfer;

@@ -9,8 +9,6 @@
 //! each test says so and passes without running.
 #![cfg(feature = "wgpu")]
 
-use std::sync::OnceLock;
-
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
@@ -20,32 +18,7 @@ use drove_kernels::matmul::{Precision, matmul};
 
 /// The wgpu device on lavapipe, or `None` after saying why the tests skip.
 fn lavapipe() -> Option<WgpuDevice> {
-    static FOUND: OnceLock<Option<WgpuDevice>> = OnceLock::new();
-    FOUND
-        .get_or_init(|| {
-            let icd = std::path::Path::new("/usr/share/vulkan/icd.d");
-            let manifest = std::fs::read_dir(icd)
-                .ok()?
-                .filter_map(Result::ok)
-                .map(|e| e.path())
-                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("lvp_icd.")));
-            let Some(manifest) = manifest else {
-                eprintln!("skipped: no lavapipe manifest (lvp_icd.*.json) in {}", icd.display());
-                return None;
-            };
-            let runtime = std::env::temp_dir().join(format!("drove-kernels-xdg-{}", std::process::id()));
-            std::fs::create_dir_all(&runtime).ok()?;
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).ok()?;
-            // SAFETY: set once, under the OnceLock, before any wgpu thread
-            // starts; every test waits here before touching the device.
-            unsafe {
-                std::env::set_var("VK_ICD_FILENAMES", manifest);
-                std::env::set_var("XDG_RUNTIME_DIR", runtime);
-            }
-            Some(WgpuDevice::DefaultDevice)
-        })
-        .clone()
+    drove_kernels::testing::wgpu_device_or_skip()
 }
 
 /// Deterministic values in [-1, 1) (a 32-bit LCG), `len` of them.

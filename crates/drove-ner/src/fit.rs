@@ -22,9 +22,10 @@ use crate::diagnose::{diagnose, diagnosed_parameter};
 use crate::eval::evaluate;
 use crate::model::{load_encoder, loss};
 use crate::options::{check_options, replica_options};
+use crate::prewarm::{padded_lengths, prewarm};
 use crate::summary::{StepScale, Totals};
 use crate::trace::{SampleTrace, TraceLine, mask_hash};
-use crate::{EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport};
+use crate::{EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, Prewarm, StepReport};
 
 mod elastic;
 
@@ -88,6 +89,7 @@ fn fit_ner<B: AutodiffBackend>(
 ) -> Result<NerSummary, NerError> {
     let (rank, world) = (comm.rank(), comm.world_size());
     check_options(opts)?;
+    drove_bert::set_dropout_masks(opts.gpu_step.masks());
     // Before the data is read and tokenized: a bad --max-len is named at once.
     crate::model::read_config(opts)?;
     let opts =
@@ -122,6 +124,16 @@ fn fit_ner<B: AutodiffBackend>(
         replica = replica.with_bucket_all_reduce(reducer)?;
     }
     let diagnosed = diagnosed_parameter(opts, replica.parameter_names(), layers, world, observer)?;
+    if opts.gpu_step.prewarm == Prewarm::On && drove_kernels::backends::has_kernels::<B>() {
+        let lengths = padded_lengths(&data.train, opts.pad_multiple.unwrap_or(1));
+        let done = prewarm(replica.model(), lengths, opts.batch_size, device);
+        observer.note(&format!(
+            "rank {rank}: kernels compiled for {} padded lengths {:?} in {:.1} s",
+            done.lengths.len(),
+            done.lengths,
+            done.took.as_secs_f64()
+        ));
+    }
     let mut fit = Fit {
         opts,
         data: &data,

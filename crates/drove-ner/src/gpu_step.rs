@@ -54,6 +54,45 @@ pub struct GpuStep {
     /// f32 throughout, on kernels without tensor cores. No effect on the CPU.
     #[cfg_attr(feature = "clap", arg(long, value_name = "tf32|f32", default_value = "tf32"))]
     pub matmul_precision: drove_kernels::matmul::Precision,
+    /// Where dropout masks are drawn on a GPU: device computes each mask
+    /// value in a kernel where it is used (and again for the gradient);
+    /// host draws them on one thread and uploads them, as the CPU does. The
+    /// same masks bit for bit either way.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_enum, value_name = "device|host", default_value = "device")
+    )]
+    pub dropout_masks: DropoutMasks,
+    /// Whether a GPU run compiles the kernels of every padded length the
+    /// training data has (one throw-away forward and backward each) before
+    /// its first step, so that no step waits on a compile mid-run. No effect
+    /// on the CPU.
+    #[cfg_attr(feature = "clap", arg(long, value_enum, value_name = "on|off", default_value = "on"))]
+    pub prewarm: Prewarm,
+}
+
+/// `--dropout-masks`: where a GPU draws dropout masks ([`drove_bert::Masks`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum DropoutMasks {
+    /// By a kernel on the device.
+    #[default]
+    Device,
+    /// On the host, uploaded.
+    Host,
+}
+
+/// `--prewarm`: whether a GPU run compiles every padded length first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum Prewarm {
+    /// One forward and backward at each padded length before the first step.
+    #[default]
+    On,
+    /// Kernels compiled when a step first needs them.
+    Off,
 }
 
 /// `--matmul`: whose matmul the model's layers use.
@@ -102,6 +141,14 @@ impl GpuStep {
         match (self.matmul, self.matmul_precision) {
             (MatmulChoice::Burn, Precision::Tf32) => Matmul::Burn,
             (_, precision) => Matmul::Drove(precision),
+        }
+    }
+
+    /// Where dropout masks are drawn, as drove-bert names it.
+    pub fn masks(&self) -> drove_bert::Masks {
+        match self.dropout_masks {
+            DropoutMasks::Device => drove_bert::Masks::Device,
+            DropoutMasks::Host => drove_bert::Masks::Host,
         }
     }
 

@@ -65,6 +65,7 @@ mod metrics;
 mod model;
 mod observer;
 mod options;
+mod prewarm;
 mod summary;
 mod trace;
 
@@ -82,7 +83,7 @@ pub use error::NerError;
 pub use eval::EvalReport;
 pub use fit::{train_ner, train_ner_elastic, train_ner_with};
 pub use gpu::{GpuTraining, open_gpu};
-pub use gpu_step::{DenseGrad, EmbeddingGrad, GpuStep, MatmulChoice};
+pub use gpu_step::{DenseGrad, DropoutMasks, EmbeddingGrad, GpuStep, MatmulChoice, Prewarm};
 #[cfg(feature = "metrics")]
 pub use metrics::MetricsObserver;
 pub use model::load_model;

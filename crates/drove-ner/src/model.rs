@@ -24,8 +24,9 @@ pub fn load_model<B: Backend>(
     if !opts.random_init {
         require("model weights", &weights, FETCH_HINT)?;
     }
-    let mut model =
-        initialised::<B>(&config, labels, opts.seed, device)?.with_sum_order(opts.gpu_step.sum_order());
+    let mut model = initialised::<B>(&config, labels, opts.seed, device)?
+        .with_sum_order(opts.gpu_step.sum_order())
+        .with_matmul(opts.gpu_step.matmul_op());
     if opts.random_init {
         let report = drove_bert::LoadReport { missing: Vec::new(), unexpected: Vec::new(), loaded: 0 };
         return Ok((model, report));
