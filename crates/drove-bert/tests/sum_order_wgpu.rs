@@ -9,7 +9,7 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use drove_bert::{BertConfig, EmbeddingSums, Embeddings, TokenTypes};
-use drove_kernels::backends::{Wgpu, WgpuFused, wgpu_default_device};
+use drove_kernels::backends::{Wgpu, WgpuFused};
 
 const VOCAB: usize = 50;
 const SHAPE: [usize; 2] = [3, 11];
@@ -67,29 +67,9 @@ fn sliced_is_select<B: Backend>(device: &B::Device) {
     }
 }
 
-/// One test, so that the environment is set while no other thread reads it.
 #[test]
 fn sliced_embeddings_give_selects_table_gradients_on_wgpu() {
-    quiet_mesa();
-    let Some(device) = wgpu_default_device() else {
-        eprintln!(
-            "skipped: no wgpu adapter (`bash scripts/wgpu-tools.sh` installs Mesa's lavapipe as root on Debian)"
-        );
-        return;
-    };
+    let Some(device) = drove_kernels::testing::wgpu_device_or_skip() else { return };
     sliced_is_select::<Wgpu>(&device);
     sliced_is_select::<WgpuFused>(&device);
-}
-
-/// Points `XDG_RUNTIME_DIR` at a 0700 folder of its own (Mesa warns without one).
-fn quiet_mesa() {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("drove-bert-xdg-{}", std::process::id()));
-    if std::fs::create_dir_all(&dir).is_ok()
-        && std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).is_ok()
-    {
-        // SAFETY: this binary's only test calls it first, before any thread
-        // of its own or of wgpu exists to read the environment.
-        unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
-    }
 }
