@@ -65,7 +65,7 @@ impl DenseSums {
         let DenseSums::SplitK { rows_per_chunk } = self else { return 1 };
         let wanted = (n / rows_per_chunk.max(1)).clamp(1, MAX_CHUNKS);
         let mut c = 1 << wanted.ilog2();
-        while n % c != 0 {
+        while !n.is_multiple_of(c) {
             c /= 2;
         }
         c

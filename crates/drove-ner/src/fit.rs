@@ -22,10 +22,10 @@ use crate::diagnose::{diagnose, diagnosed_parameter};
 use crate::eval::evaluate;
 use crate::model::{load_encoder, loss};
 use crate::options::{check_options, replica_options};
-use crate::prewarm::{padded_lengths, prewarm};
+use crate::prewarm::prewarm_as_asked;
 use crate::summary::{StepScale, Totals};
 use crate::trace::{SampleTrace, TraceLine, mask_hash};
-use crate::{EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, Prewarm, StepReport};
+use crate::{EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport};
 
 mod elastic;
 
@@ -124,15 +124,8 @@ fn fit_ner<B: AutodiffBackend>(
         replica = replica.with_bucket_all_reduce(reducer)?;
     }
     let diagnosed = diagnosed_parameter(opts, replica.parameter_names(), layers, world, observer)?;
-    if opts.gpu_step.prewarm == Prewarm::On && drove_kernels::backends::has_kernels::<B>() {
-        let lengths = padded_lengths(&data.train, opts.pad_multiple.unwrap_or(1));
-        let done = prewarm(replica.model(), lengths, opts.batch_size, device);
-        observer.note(&format!(
-            "rank {rank}: kernels compiled for {} padded lengths {:?} in {:.1} s",
-            done.lengths.len(),
-            done.lengths,
-            done.took.as_secs_f64()
-        ));
+    if let Some(done) = prewarm_as_asked(opts, &data.train, replica.model(), device) {
+        observer.note(&format!("rank {rank}: {done}"));
     }
     let mut fit = Fit {
         opts,

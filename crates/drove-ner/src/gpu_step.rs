@@ -33,10 +33,11 @@ pub struct GpuStep {
         arg(long, value_enum, value_name = "plain|split-k", default_value = "plain")
     )]
     pub dense: DenseGrad,
-    /// How position and token-type embeddings are added: sliced broadcasts
+    /// How the embedding tables' gradients are summed: sliced broadcasts
     /// the position table's first rows over the batch and type row 0 to
-    /// every token (their gradients are sums, not burn's select-assign);
-    /// select looks every token up. Sums in another order, so off by
+    /// every token (their gradients are sums, not burn's select-assign) and,
+    /// on a GPU, sums the word table's rows by drove's deterministic scatter
+    /// (tokens sorted by id on the device); select looks every token up. Sums in another order, so off by
     /// default; applies on the CPU too.
     #[cfg_attr(
         feature = "clap",

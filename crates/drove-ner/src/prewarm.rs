@@ -18,6 +18,7 @@ use drove_bert::{BertForTokenClassification, TokenTypes};
 use drove_collate::{Collator, Example, Padding};
 
 use crate::model::loss;
+use crate::{NerOptions, Prewarm};
 
 /// The padded lengths batches of `examples` can have: each example's length
 /// rounded up to `multiple` (a batch's width is its longest row's, rounded
@@ -35,6 +36,29 @@ pub(crate) struct Prewarmed {
     pub lengths: Vec<usize>,
     /// Wall time of the pass.
     pub took: Duration,
+}
+
+impl std::fmt::Display for Prewarmed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (n, lengths, s) = (self.lengths.len(), &self.lengths, self.took.as_secs_f64());
+        write!(f, "kernels compiled for {n} padded lengths {lengths:?} in {s:.1} s")
+    }
+}
+
+/// The pass where `opts` asks for it (`--prewarm on`, the default) and the
+/// backend has drove's GPU kernels (never on the CPU, which compiles
+/// nothing): every padded length of `train` at `--batch-size` rows.
+pub(crate) fn prewarm_as_asked<B: AutodiffBackend>(
+    opts: &NerOptions,
+    train: &[Example],
+    model: &BertForTokenClassification<B>,
+    device: &B::Device,
+) -> Option<Prewarmed> {
+    if opts.gpu_step.prewarm == Prewarm::Off || !drove_kernels::backends::has_kernels::<B>() {
+        return None;
+    }
+    let lengths = padded_lengths(train, opts.pad_multiple.unwrap_or(1));
+    Some(prewarm(model, lengths, opts.batch_size, device))
 }
 
 /// Runs `model` forward and backward once at each of `lengths` with `rows`

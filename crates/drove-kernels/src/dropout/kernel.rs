@@ -101,7 +101,7 @@ pub(crate) fn masked<F: Float>(
     let (u_lo, u_hi) = add64(s_lo, s_hi, d_lo, d_hi);
     let (z_lo, z_hi) = mix(u_lo, u_hi);
     // Even elements take the draw's low half, odd ones its high half.
-    let half = select(i % 2u32 == 0u32, z_lo, z_hi);
+    let half = select((i & 1u32) == 0u32, z_lo, z_hi);
     let kept = threshold_hi > 0u32 || half < threshold_lo;
     let value = select(kept, scale.get::<F>(), F::new(0.0));
     output[ABSOLUTE_POS] = input[ABSOLUTE_POS] * value;
