@@ -42,6 +42,7 @@ use burn::tensor::{BasicOps, Tensor, TensorKind};
 
 use crate::dropout::DropoutBackend;
 use crate::embedding::EmbeddingBackend;
+use crate::pack::PackBackend;
 
 /// The cubecl backend over CUDA that [`Cuda`] fuses over: f32 floats, i32
 /// ints, u8 bools.
@@ -79,9 +80,9 @@ pub fn wgpu_default_device() -> Option<WgpuDevice> {
 
 /// A backend drove has its own kernels for: every kernel family of this
 /// crate, as burn backend operations (each family is a supertrait here).
-pub trait Kernels: Backend + DropoutBackend + EmbeddingBackend + crate::matmul::MatmulOps {}
+pub trait Kernels: Backend + DropoutBackend + EmbeddingBackend + PackBackend + crate::matmul::MatmulOps {}
 
-impl<B: Backend + DropoutBackend + EmbeddingBackend + crate::matmul::MatmulOps> Kernels for B {}
+impl<B: Backend + DropoutBackend + EmbeddingBackend + PackBackend + crate::matmul::MatmulOps> Kernels for B {}
 
 /// Proof that `A` and `B` are one type (made only by [`dispatch`] after
 /// comparing their `TypeId`s): moves tensors between the two names.

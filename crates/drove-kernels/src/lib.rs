@@ -29,6 +29,7 @@ pub mod backends;
 pub mod dropout;
 pub mod embedding;
 pub mod matmul;
+pub mod pack;
 #[cfg(feature = "wgpu")]
 pub mod testing;
 pub mod transfer;
