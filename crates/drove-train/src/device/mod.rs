@@ -4,12 +4,14 @@
 //!
 //! Gradients are taken from burn's `GradientsParams` as flat 1-D tensors (a
 //! reshape, no copy), summed over micro-batches and passes on the device,
-//! fused into buckets (`Tensor::cat`), and handed to a [`BucketAllReduce`] one
-//! bucket at a time. [`HostStaging`], the default, copies a bucket to one host
-//! buffer, all-reduces it through the [`Collective`] and copies it back; a
-//! device collective (NCCL) implements the same trait on the bucket's device
-//! memory and nothing else changes. Clipping and [`DeviceAdamW`] run in burn
-//! ops over one flat buffer for every parameter (`optim`): the maths of
+//! fused into buckets (`drove_kernels::pack::concat`: `Tensor::cat`'s
+//! values, in a launch for each group of gradients on the GPU backends), and
+//! handed to a [`BucketAllReduce`] one bucket at a time. [`HostStaging`], the
+//! default, copies a bucket to one host buffer, all-reduces it through the
+//! [`Collective`] and copies it back; a device collective (NCCL) implements
+//! the same trait on the bucket's device memory and nothing else changes.
+//! Clipping and [`DeviceAdamW`] run in burn ops over one flat buffer for
+//! every parameter (`optim`): the maths of
 //! [`crate::flat::FlatAdamW`], element for element, so both placements take
 //! the same step, in a handful of kernels instead of a dozen per parameter.
 //!
@@ -96,13 +98,10 @@ pub fn all_reduce_planned<B: Backend>(
         .iter()
         .enumerate()
         .map(|(b, bucket)| {
+            // One launch a group of gradients on the GPU backends (`cat`
+            // launches one a gradient); the first itself when alone.
             let parts: Vec<Tensor<B, 1>> = bucket.tensors().map(|i| grads[i].clone()).collect();
-            let packed = if parts.len() == 1 {
-                parts.into_iter().next().expect("one part")
-            } else {
-                Tensor::cat(parts, 0)
-            };
-            (format!("gradients.bucket{b}"), packed)
+            (format!("gradients.bucket{b}"), drove_kernels::pack::concat(parts))
         })
         .collect();
     let reduced = match staging {

@@ -19,15 +19,15 @@ use burn::tensor::{Tensor, TensorData};
 use crate::TrainError;
 use crate::flat::{AdamWSettings, AdamWStep, FlatAdamW};
 
-/// `parts` end to end in one 1-D tensor (`parts[0]` itself when alone).
+/// `parts` end to end in one 1-D tensor (`parts[0]` itself when alone):
+/// `Tensor::cat`'s values, packed on drove's GPU backends by
+/// [`drove_kernels::pack::concat`] in a launch for each group of parts
+/// instead of one a part.
 ///
 /// # Panics
 /// If `parts` is empty.
 pub fn flatten<B: Backend>(parts: &[Tensor<B, 1>]) -> Tensor<B, 1> {
-    match parts {
-        [one] => one.clone(),
-        _ => Tensor::cat(parts.to_vec(), 0),
-    }
+    drove_kernels::pack::concat(parts.to_vec())
 }
 
 /// The L2 norm of `flat`, as a one-element tensor on the device.
