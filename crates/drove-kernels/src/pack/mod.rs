@@ -19,7 +19,7 @@
 //! binds fewer buffers to a kernel (`cube.rs`); MiniLM's 104 gradients are
 //! 4 launches.
 //!
-//! [`concat`] is the entry for code generic over its backend: on the
+//! [`concat()`] is the entry for code generic over its backend: on the
 //! backends of [`crate::backends`] (and `Autodiff` over each) it runs
 //! [`PackBackend::pack`]; on others (the CPU) it is burn's `cat`. As burn
 //! operations, by backend: on burn-cubecl's, the launches; under fusion a
