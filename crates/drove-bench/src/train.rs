@@ -299,6 +299,30 @@ struct Timer<'a> {
     transfers: Vec<Transfers>,
 }
 
+impl<'a> Timer<'a> {
+    /// A timer with no step seen; `launches` counts kernels launched where
+    /// they are counted.
+    fn new(launches: Option<&'a dyn Fn() -> Option<u64>>) -> Self {
+        let (steps, phases, transfers) = (Vec::new(), Vec::new(), Vec::new());
+        Timer { launches, after_first: None, steps, phases, last: transfer::transfers(), transfers }
+    }
+
+    /// Kernels launched a step: over the steps after the first where there
+    /// are some (the first also carries whatever ran before it), else over
+    /// the one step since `before`; `None` where launches are not counted.
+    fn launches_per_step(&self, before: Option<u64>) -> Option<f64> {
+        let launches = self.launches?;
+        match (self.after_first, self.steps.len()) {
+            (Some(first), n) if n > 1 => {
+                settled(launches).map(|after| after.saturating_sub(first) as f64 / (n - 1) as f64)
+            }
+            (_, n) => before
+                .zip(settled(launches))
+                .map(|(b, after)| after.saturating_sub(b) as f64 / n.max(1) as f64),
+        }
+    }
+}
+
 impl Observer for Timer<'_> {
     fn step(&mut self, r: &StepReport) {
         // RUST_LOG=drove_bench=debug shows each step (where a first step's
@@ -394,27 +418,10 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
     };
     let started = Instant::now();
     let launches = || trainer.kernels_launched();
-    let mut timer = Timer {
-        launches: launched_before.is_some().then_some(&launches as &dyn Fn() -> Option<u64>),
-        after_first: None,
-        steps: Vec::new(),
-        phases: Vec::new(),
-        last: transfer::transfers(),
-        transfers: Vec::new(),
-    };
+    let mut timer = Timer::new(launched_before.is_some().then_some(&launches as &dyn Fn() -> Option<u64>));
     trainer.train(&opts, &mut timer).map_err(BenchError::Ner)?;
     let wall = started.elapsed().as_secs_f64();
-    let steps_run = timer.steps.len().max(1) as f64;
-    // Over the steps after the first where there are some (the first also
-    // carries whatever ran before it), else over the one step.
-    let kernels_launched_per_step = match (timer.after_first, timer.steps.len()) {
-        (Some(first), n) if n > 1 => {
-            settled(launches).map(|after| after.saturating_sub(first) as f64 / (n - 1) as f64)
-        }
-        _ => launched_before
-            .zip(settled(launches))
-            .map(|(before, after)| after.saturating_sub(before) as f64 / steps_run),
-    };
+    let kernels_launched_per_step = timer.launches_per_step(launched_before);
     // Counted as compiled where the device says (wgpu), else as the entries
     // the kernel cache gained (CUDA's PTX cache).
     let kernels_compiled = match compiled_before.zip(trainer.kernels_compiled()) {

@@ -216,6 +216,9 @@ fn assert_clear_error((code, text): (Option<i32>, String), what: &[&str]) {
 /// with both per parameter; at issue 49 the gradients packed by
 /// `drove_kernels::pack` (2 launches for the tiny model's 39, on lavapipe's
 /// 29 a launch) instead of `cat` (39) took it from 592 to 555.
+// The count is the same run to run (the batches' order and lengths are
+// fixed); +3% lets a few launches come and go, not the 37 that packing the
+// gradients with burn's `cat` again would add (592).
 const LAUNCHES_PER_STEP: f64 = 555.0;
 
 #[test]
@@ -253,8 +256,8 @@ fn a_training_step_launches_no_more_kernels_than_recorded() {
     assert_eq!(transfers["max_reads"], 1, "reads a step: {transfers}");
     assert_eq!(transfers["max_uploads"], 3, "uploads a step: {transfers}");
     assert!(
-        launched <= LAUNCHES_PER_STEP * 1.1,
-        "a step launched {launched} kernels, over the {LAUNCHES_PER_STEP} recorded (+10%)"
+        launched <= LAUNCHES_PER_STEP * 1.03,
+        "a step launched {launched} kernels, over the {LAUNCHES_PER_STEP} recorded (+3%)"
     );
 }
 
