@@ -80,7 +80,10 @@ pub fn wgpu_default_device() -> Option<WgpuDevice> {
 
 /// A backend drove has its own kernels for: every kernel family of this
 /// crate, as burn backend operations (each family is a supertrait here).
-pub trait Kernels: Backend + DropoutBackend + EmbeddingBackend + PackBackend + crate::matmul::MatmulOps {}
+pub trait Kernels:
+    Backend + DropoutBackend + EmbeddingBackend + PackBackend + crate::matmul::MatmulOps
+{
+}
 
 impl<B: Backend + DropoutBackend + EmbeddingBackend + PackBackend + crate::matmul::MatmulOps> Kernels for B {}
 
