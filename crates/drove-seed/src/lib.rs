@@ -160,9 +160,12 @@ impl StreamKey {
         Self::new(seed, Purpose::Init, Family::Sequential, 0, 0, 0)
     }
 
-    /// Dropout stream of `rank` in `epoch`: distinct per rank.
-    pub fn dropout(seed: u64, rank: u32, epoch: u64) -> Self {
-        Self::new(seed, Purpose::Dropout, Family::Sequential, rank, 0, epoch)
+    /// Dropout stream of `rank` at `step`: distinct per rank and per step
+    /// (drove-ner keys each training step's dropout by its global step). The
+    /// step takes the key's epoch field, so `drove seed --purpose dropout`
+    /// names it `--epoch`.
+    pub fn dropout(seed: u64, rank: u32, step: u64) -> Self {
+        Self::new(seed, Purpose::Dropout, Family::Sequential, rank, 0, step)
     }
 
     /// **The bug, on purpose.** One augmentation stream for every rank, worker and
