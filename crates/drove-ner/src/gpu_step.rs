@@ -37,8 +37,8 @@ pub struct GpuStep {
     /// the position table's first rows over the batch and type row 0 to
     /// every token (their gradients are sums, not burn's select-assign) and,
     /// on a GPU, sums the word table's rows by drove's deterministic scatter
-    /// (tokens sorted by id on the device); select looks every token up. Sums in another order, so off by
-    /// default; applies on the CPU too.
+    /// (tokens sorted by id on the device); select looks every token up.
+    /// Sums in another order, so off by default; applies on the CPU too.
     #[cfg_attr(
         feature = "clap",
         arg(long, value_enum, value_name = "select|sliced", default_value = "select")
@@ -121,8 +121,8 @@ pub enum DenseGrad {
     SplitK,
 }
 
-/// `--embedding-grad`: how the position and token-type tables' gradients
-/// are summed ([`drove_bert::EmbeddingSums`]).
+/// `--embedding-grad`: how the embedding tables' gradients are summed
+/// ([`drove_bert::EmbeddingSums`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
