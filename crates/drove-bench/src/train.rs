@@ -207,6 +207,10 @@ pub struct TrainReport {
     /// Kernels compiled in this run (wgpu: counted as compiled; CUDA: the
     /// entries its PTX cache gained; `None` where neither tells).
     pub kernels_compiled: Option<u64>,
+    /// Kernels compiled after the first step, where the device counts
+    /// compiles (wgpu, with `--count-launches`): 0 once the pre-warm pass
+    /// (`--prewarm on`) has compiled every padded length.
+    pub kernels_compiled_after_first_step: Option<u64>,
     /// Kernels launched per step, on average over the steps after the first
     /// (over the one step of a one-step run), where the device counts them
     /// (`--count-launches`).
@@ -291,6 +295,10 @@ struct Timer<'a> {
     /// are counted from there, so that what ran before the first step (the
     /// pre-warm pass) is not taken for a step's.
     after_first: Option<u64>,
+    /// Kernels compiled so far, where they are counted (wgpu).
+    compiles: Option<&'a dyn Fn() -> Option<u64>>,
+    /// The compiles counted by the end of the first step.
+    compiled_after_first: Option<u64>,
     steps: Vec<(f64, f64)>, // (sentences/s, tokens/s)
     phases: Vec<PhaseTimes>,
     /// The transfers counted by the end of the last step seen.
@@ -302,9 +310,26 @@ struct Timer<'a> {
 impl<'a> Timer<'a> {
     /// A timer with no step seen; `launches` counts kernels launched where
     /// they are counted.
-    fn new(launches: Option<&'a dyn Fn() -> Option<u64>>) -> Self {
-        let (steps, phases, transfers) = (Vec::new(), Vec::new(), Vec::new());
-        Timer { launches, after_first: None, steps, phases, last: transfer::transfers(), transfers }
+    fn new(launches: Option<&'a dyn Fn() -> Option<u64>>, compiles: &'a dyn Fn() -> Option<u64>) -> Self {
+        let (steps, phases, transfers, last) = (Vec::new(), Vec::new(), Vec::new(), transfer::transfers());
+        let (after_first, compiled_after_first) = (None, None);
+        Timer {
+            launches,
+            after_first,
+            compiles: Some(compiles),
+            compiled_after_first,
+            steps,
+            phases,
+            last,
+            transfers,
+        }
+    }
+
+    /// Kernels compiled since the end of the first step (`None` where
+    /// compiles are not counted, or no step ran).
+    fn compiled_since_first(&self) -> Option<u64> {
+        let now = (self.compiles?)()?;
+        self.compiled_after_first.map(|first| now.saturating_sub(first))
     }
 
     /// Kernels launched a step: over the steps after the first where there
@@ -340,6 +365,7 @@ impl Observer for Timer<'_> {
         self.last = now;
         if self.steps.len() == 1 {
             self.after_first = self.launches.and_then(settled);
+            self.compiled_after_first = self.compiles.and_then(|compiles| compiles());
         }
     }
 }
@@ -418,7 +444,9 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
     };
     let started = Instant::now();
     let launches = || trainer.kernels_launched();
-    let mut timer = Timer::new(launched_before.is_some().then_some(&launches as &dyn Fn() -> Option<u64>));
+    let compiles = || trainer.kernels_compiled();
+    let mut timer =
+        Timer::new(launched_before.is_some().then_some(&launches as &dyn Fn() -> Option<u64>), &compiles);
     trainer.train(&opts, &mut timer).map_err(BenchError::Ner)?;
     let wall = started.elapsed().as_secs_f64();
     let kernels_launched_per_step = timer.launches_per_step(launched_before);
@@ -446,6 +474,7 @@ pub fn run(o: &TrainOptions, trainer: &dyn Trainer) -> Result<TrainReport, Bench
         gpu_memory_used_bytes: trainer.memory_used_bytes(),
         kernel_cache: cache.map(|d| d.display().to_string()),
         kernels_compiled,
+        kernels_compiled_after_first_step: timer.compiled_since_first(),
         kernels_launched_per_step,
         median_sentences_per_s: median(timed.iter().map(|s| s.0).collect()).unwrap_or(0.0),
         micro_batches: drove_train::micro::MicroBatches::resolve(micro, o.batch_size),
@@ -485,6 +514,7 @@ mod tests {
             gpu_memory_used_bytes: None,
             kernel_cache: None,
             kernels_compiled: None,
+            kernels_compiled_after_first_step: None,
             kernels_launched_per_step: None,
             median_sentences_per_s: 1.0,
             micro_batches: 1,
