@@ -10,6 +10,7 @@
 
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData};
+use drove_collective::fusion::Plan;
 use drove_collective::{LocalWorld, ReduceOptions};
 use drove_device::{BucketAllReduce, DeviceChoice, Gpu, HostStaging, read_back};
 
@@ -29,15 +30,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(|(rank, comm)| {
                 s.spawn(move || {
                     let values: Vec<f32> = (0..4).map(|i| (rank * 4 + i) as f32).collect();
-                    let bucket =
+                    let gradient =
                         Tensor::<Flex, 1>::from_data(TensorData::new(values, [4]), &Default::default());
-                    let reduced = HostStaging::default().all_reduce(
+                    // One gradient, in one bucket: the plan a replica makes for it.
+                    let plan = Plan::dense(&[16], 1 << 20);
+                    let mut grads = vec![gradient];
+                    HostStaging::default().all_reduce(
                         &comm,
-                        "gradients.bucket0",
-                        bucket,
+                        "gradients",
+                        &mut grads,
+                        &plan,
                         ReduceOptions::average(),
                     )?;
-                    read_back("gradients.bucket0", reduced)
+                    read_back("gradients.bucket0", grads.remove(0))
                 })
             })
             .collect();

@@ -14,4 +14,15 @@ pub enum DeviceError {
     /// ranks before a device op).
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// A bucket all-reduce returned a bucket of another length than it was
+    /// given.
+    #[error("{bucket}: the bucket all-reduce returned {found} values for a bucket of {expected}")]
+    BucketLength {
+        /// The bucket's op name.
+        bucket: String,
+        /// The values returned.
+        found: usize,
+        /// The values the bucket holds.
+        expected: usize,
+    },
 }

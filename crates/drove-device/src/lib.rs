@@ -37,6 +37,7 @@ pub mod kernels;
 mod open;
 mod reduce;
 mod sharing;
+mod staging;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
@@ -45,5 +46,6 @@ pub use error::DeviceError;
 pub use open::{BUILD_HINT, Gpu, Opened, list_devices};
 #[cfg(feature = "cuda")]
 pub use open::{CudaGradients, cuda_gradient_path};
-pub use reduce::{BucketAllReduce, HostStaging, read_back};
+pub use reduce::{BucketAllReduce, bucket_name, pack_bucket, unpack_bucket};
 pub use sharing::{adapter_for_local_rank, gpu_identity, gpu_ordinal, ranks_sharing_gpus, sharing_groups};
+pub use staging::{HostStaging, read_back};

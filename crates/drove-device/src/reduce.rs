@@ -1,131 +1,100 @@
-//! [`BucketAllReduce`], **the seam** where gradients leave a device, and
-//! [`HostStaging`], its default: the bucket copied to one host buffer,
-//! averaged by the [`Collective`] (optionally compressed on the wire), and
-//! copied back, as Horovod does without NCCL. A device collective implements
-//! the same trait on the bucket's device memory
-//! (`cuda::NcclBuckets`, feature `nccl`) and nothing above it changes.
+//! [`BucketAllReduce`], **the seam** where gradients leave a device, and the
+//! parts an implementation packs and unpacks buckets with ([`pack_bucket`],
+//! [`unpack_bucket`]). Host staging, the default, is in `staging.rs`
+//! ([`HostStaging`](crate::HostStaging)); a device collective implements the
+//! same trait on the buckets' device memory (`cuda::NcclBuckets`, feature
+//! `nccl`) and nothing above it changes.
 
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
-use drove_collective::fusion::{Compression, FusionOptions, all_reduce_fused};
+use drove_collective::fusion::{Bucket, Plan};
 use drove_collective::{Collective, ReduceOptions};
 
 use crate::DeviceError;
 
-/// The all-reduce of one bucket of gradients: the seam where a device
-/// collective replaces host staging.
+/// The all-reduce of a step's gradients on a device: the seam where a device
+/// collective replaces host staging, as a comm hook replaces PyTorch DDP's
+/// all-reduce.
 ///
-/// A bucket is the gradients of consecutive parameters (module order),
-/// flattened and concatenated into one 1-D tensor on the backend's device.
-/// Every rank calls this with buckets of the same names and lengths in the
-/// same order; an implementation returns the reduced bucket (in place or as a
-/// new tensor) or fails on every rank, never hangs past its deadline.
+/// The gradients are flat 1-D tensors on the backend's device, one a
+/// parameter in module order; `plan` groups them into buckets (runs of
+/// consecutive gradients, and row-sparse tables alone), the same on every
+/// rank. Every rank calls this with gradients of the same lengths and the same
+/// plan; an implementation replaces each gradient by its reduction across the
+/// ranks (in place or by new tensors), bucket by bucket as the plan says or as
+/// it sees fit, or fails on every rank, never hangs past its deadline.
 pub trait BucketAllReduce<B: Backend> {
-    /// Reduces `bucket` across the ranks of `comm` with `op` (a replica asks
-    /// for the average). `comm` is the host collective, for implementations
-    /// that check descriptions over it before a device op.
+    /// Reduces every gradient of `grads` across the ranks of `comm` with `op`
+    /// (a replica asks for the average). `comm` is the host collective, for
+    /// implementations that reduce through it or check descriptions over it
+    /// before a device op; `name` prefixes the collective's op names
+    /// ([`bucket_name`]).
     fn all_reduce(
         &self,
         comm: &dyn Collective,
         name: &str,
-        bucket: Tensor<B, 1>,
+        grads: &mut [Tensor<B, 1>],
+        plan: &Plan,
         op: ReduceOptions,
-    ) -> Result<Tensor<B, 1>, DeviceError>;
-
-    /// `Some` when this reducer is [`HostStaging`]: a caller with several
-    /// buckets may then read the next one back from the device while the
-    /// previous one is all-reduced ([`HostStaging::reduce_staged`]), instead
-    /// of one bucket at a time.
-    fn host_staging(&self) -> Option<HostStaging> {
-        None
-    }
+    ) -> Result<(), DeviceError>;
 }
 
-/// The default [`BucketAllReduce`]: the bucket goes to one host buffer, through
-/// the [`Collective`] (optionally compressed on the wire), and back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HostStaging {
-    /// Wire format.
-    pub compression: Compression,
+/// The op name of bucket `index` of the gradients named `name`.
+pub fn bucket_name(name: &str, index: usize) -> String {
+    format!("{name}.bucket{index}")
 }
 
-impl<B: Backend> BucketAllReduce<B> for HostStaging {
-    fn all_reduce(
-        &self,
-        comm: &dyn Collective,
-        name: &str,
-        bucket: Tensor<B, 1>,
-        op: ReduceOptions,
-    ) -> Result<Tensor<B, 1>, DeviceError> {
-        let device = bucket.device();
-        let staged = read_back(name, bucket)?;
-        self.reduce_staged(comm, name, staged, op, &device)
-    }
-
-    fn host_staging(&self) -> Option<HostStaging> {
-        Some(*self)
-    }
+/// The gradients `bucket` covers, packed end to end into one 1-D tensor: in
+/// one launch a group of gradients on the GPU backends (burn's `cat` launches
+/// one a gradient); a gradient alone is itself.
+pub fn pack_bucket<B: Backend>(grads: &[Tensor<B, 1>], bucket: &Bucket) -> Tensor<B, 1> {
+    let parts: Vec<Tensor<B, 1>> = bucket.tensors().map(|i| grads[i].clone()).collect();
+    drove_kernels::pack::concat(parts)
 }
 
-impl HostStaging {
-    /// All-reduces a bucket already read back to the host ([`read_back`])
-    /// and writes it to `device`.
-    pub fn reduce_staged<B: Backend>(
-        &self,
-        comm: &dyn Collective,
-        name: &str,
-        mut staged: Vec<f32>,
-        op: ReduceOptions,
-        device: &B::Device,
-    ) -> Result<Tensor<B, 1>, DeviceError> {
-        let n = staged.len();
-        let fusion = FusionOptions { threshold_bytes: 0, compression: self.compression };
-        all_reduce_fused(comm, name, &mut [staged.as_mut_slice()], op, fusion)?;
-        Ok(drove_kernels::transfer::upload(TensorData::new(staged, [n]), device))
+/// Writes `reduced`, the reduction of bucket `name` (packed by
+/// [`pack_bucket`]), back over the gradients `bucket` covers; a tensor of
+/// another length is an error naming the bucket.
+pub fn unpack_bucket<B: Backend>(
+    name: &str,
+    reduced: Tensor<B, 1>,
+    bucket: &Bucket,
+    grads: &mut [Tensor<B, 1>],
+) -> Result<(), DeviceError> {
+    let lengths: Vec<usize> = bucket.tensors().map(|i| grads[i].dims()[0]).collect();
+    let expected: usize = lengths.iter().sum();
+    let found = reduced.dims()[0];
+    if found != expected {
+        return Err(DeviceError::BucketLength { bucket: name.to_string(), found, expected });
     }
-}
-
-/// Copies `bucket` from the device to one host buffer of f32; a device that
-/// failed (lost, out of memory) is an error naming the bucket, never a panic.
-pub fn read_back<B: Backend>(name: &str, bucket: Tensor<B, 1>) -> Result<Vec<f32>, DeviceError> {
-    drove_kernels::transfer::count_read();
-    let data = bucket
-        .try_into_data()
-        .map_err(|e| DeviceError::Gpu(format!("reading {name} back from the device: {e}")))?;
-    // `into_vec` hands over the tensor's own allocation when it can.
-    data.convert::<f32>()
-        .into_vec::<f32>()
-        .map_err(|e| DeviceError::Gpu(format!("reading {name} back from the device as f32: {e:?}")))
+    let pieces = if lengths.len() == 1 { vec![reduced] } else { reduced.split_with_sizes(lengths, 0) };
+    for (i, piece) in bucket.tensors().zip(pieces) {
+        grads[i] = piece;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use burn::backend::Flex;
-    use drove_collective::LocalWorld;
+    use burn::tensor::TensorData;
 
     use super::*;
 
+    fn tensor(values: &[f32]) -> Tensor<Flex, 1> {
+        Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), &Default::default())
+    }
+
     #[test]
-    fn host_staging_averages_a_bucket_across_two_ranks() {
-        let world = LocalWorld::new(2).unwrap();
-        let averaged: Vec<Vec<f32>> = std::thread::scope(|s| {
-            let handles: Vec<_> = world
-                .into_iter()
-                .enumerate()
-                .map(|(rank, comm)| {
-                    s.spawn(move || {
-                        let device = Default::default();
-                        let values = vec![rank as f32 * 2.0, 1.0, -(rank as f32)];
-                        let bucket = Tensor::<Flex, 1>::from_data(TensorData::new(values, [3]), &device);
-                        let staging = HostStaging::default();
-                        assert!(BucketAllReduce::<Flex>::host_staging(&staging).is_some());
-                        let out = staging.all_reduce(&comm, "b0", bucket, ReduceOptions::average()).unwrap();
-                        read_back("b0", out).unwrap()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert_eq!(averaged, vec![vec![1.0, 1.0, -0.5]; 2]);
+    fn a_bucket_unpacks_to_the_gradients_it_packed() {
+        let mut grads = vec![tensor(&[1.0]), tensor(&[2.0, 3.0]), tensor(&[4.0, 5.0, 6.0])];
+        let bucket = Bucket::Fused(1..3);
+        let packed = pack_bucket(&grads, &bucket);
+        assert_eq!(packed.to_data().to_vec::<f32>().unwrap(), vec![2.0, 3.0, 4.0, 5.0, 6.0]);
+        unpack_bucket("b", packed.mul_scalar(2.0), &bucket, &mut grads).unwrap();
+        let values: Vec<Vec<f32>> = grads.iter().map(|g| g.to_data().to_vec::<f32>().unwrap()).collect();
+        assert_eq!(values, vec![vec![1.0], vec![4.0, 6.0], vec![8.0, 10.0, 12.0]]);
+        let err = unpack_bucket("gradients.bucket1", tensor(&[1.0]), &bucket, &mut grads).unwrap_err();
+        assert!(err.to_string().contains("gradients.bucket1"), "{err}");
     }
 }

@@ -13,9 +13,9 @@ use drove_collective::{Collective, Elastic, Element, ReduceOptions};
 use drove_device::BucketAllReduce;
 use drove_diagnostic::Verdict;
 use drove_seed::StreamKey;
-use drove_train::Replica;
 use drove_train::checkpoint::{self, LoopState};
 use drove_train::timeline::{Timeline, Traced, Track};
+use drove_train::{Replica, ReplicaOptions};
 
 use crate::data::{BatchRows, NerData, batch_tensors, training_loader};
 use crate::diagnose::{diagnose, diagnosed_parameter};
@@ -24,6 +24,7 @@ use crate::model::{load_encoder, loss};
 use crate::options::{check_options, replica_options};
 use crate::prewarm::prewarm_as_asked;
 use crate::summary::{StepScale, Totals};
+use crate::token_mean::TokenMean;
 use crate::trace::{SampleTrace, TraceLine, mask_hash};
 use crate::{EvalReport, MaskAlarm, NerError, NerOptions, NerSummary, Observer, StepReport};
 
@@ -113,7 +114,11 @@ fn fit_ner<B: AutodiffBackend>(
     let timeline = if opts.timeline.is_some() { Timeline::on() } else { Timeline::off() };
     let traced = Traced { inner: comm, timeline: &timeline };
     let comm: &dyn Collective = if timeline.is_on() { &traced } else { comm };
-    let options = replica_options(opts, total_steps);
+    let names = drove_train::flat::parameter_names(&model);
+    let diagnosed = diagnosed_parameter(opts, &names, layers, world, observer)?;
+    // The diagnosed parameter's local gradient is kept past an overlapped pass.
+    let keep_local_gradient = diagnosed.map(|index| names[index].clone());
+    let options = ReplicaOptions { keep_local_gradient, ..replica_options(opts, total_steps) };
     let mut replica = match elastic {
         // Members may be joining a world that trains: one resync brings all to one state.
         Some(_) => Replica::joining(model, comm, options, device)?,
@@ -123,7 +128,6 @@ fn fit_ner<B: AutodiffBackend>(
     if let Some(reducer) = reducer {
         replica = replica.with_bucket_all_reduce(reducer)?;
     }
-    let diagnosed = diagnosed_parameter(opts, replica.parameter_names(), layers, world, observer)?;
     if let Some(done) = prewarm_as_asked(opts, &data.train, replica.model(), device) {
         observer.note(&format!("rank {rank}: {done}"));
     }
@@ -325,13 +329,9 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
         let step = self.state.global_step + 1;
         let local_labelled = batch.labels.iter().filter(|&&y| y >= 0).count();
         let counts = self.global_counts(local_labelled, batch)?;
-        let labelled_global = counts[0].max(1.0);
+        let token_mean = TokenMean::new(world, counts[0]);
         let diagnosed = self.diagnosed.filter(|_| step.is_multiple_of(opts.diagnose_every as u64));
-        if let Some(index) = diagnosed {
-            // An overlapped pass averages the gradients during backward.
-            self.replica.keep_local_gradient(index);
-        }
-        self.backward(batch, step, world as f64 / labelled_global)?;
+        self.backward(batch, step, token_mean.scale())?;
         if let Some(index) = diagnosed {
             self.diagnose_step(index, batch, step)?;
         }
@@ -349,12 +349,12 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
             global_loss: outcome.global_loss.unwrap_or(f64::NAN),
             grad_norm: outcome.grad_norm.unwrap_or(f64::NAN),
         });
-        // The loss is scaled for the global batch; report this rank's mean.
+        // The loss is scaled for the global batch: this rank's mean is reported.
         self.observer.step(&StepReport {
             step,
             total_steps: self.total_steps,
             epoch: self.state.epoch + 1,
-            loss: outcome.local_loss * labelled_global / world as f64 / local_labelled.max(1) as f64,
+            loss: token_mean.local_mean(outcome.local_loss, local_labelled),
             lr: outcome.lr.unwrap_or(0.0),
             grad_norm: outcome.grad_norm.unwrap_or(0.0),
             sentences_per_s: (batch.batch_size * world) as f64 / dt,
@@ -405,7 +405,8 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
     }
 
     /// Forward and backward of this rank's batch (its micro-batches at once),
-    /// the token loss multiplied by `scale`; the gradients wait in the replica.
+    /// the summed token loss multiplied by `scale` ([`TokenMean::scale`]); the
+    /// gradients wait in the replica.
     fn backward(&mut self, batch: &Batch, step: u64, scale: f64) -> Result<(), NerError> {
         let (opts, device) = (self.opts, self.device);
         let rank = self.replica.comm().rank();

@@ -67,6 +67,7 @@ mod observer;
 mod options;
 mod prewarm;
 mod summary;
+mod token_mean;
 mod trace;
 
 /// The burn backends a fine-tune runs on: `Autodiff<Flex>` on the CPU, and

@@ -372,8 +372,8 @@ pub(crate) fn check_options(opts: &NerOptions) -> Result<(), NerError> {
 }
 
 /// The step of a fine-tune: AdamW with warmup and linear decay over the whole
-/// run, a loss the loop normalises itself (by the global batch's labelled
-/// tokens), and at most one micro-batch per row.
+/// run, a summed loss the loop scales to the global batch's token mean
+/// (`TokenMean`, in `token_mean.rs`), and at most one micro-batch per row.
 pub(crate) fn replica_options(opts: &NerOptions, total_steps: u64) -> ReplicaOptions {
     ReplicaOptions {
         lr: opts.lr,

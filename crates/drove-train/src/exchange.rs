@@ -6,29 +6,32 @@ use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
-use drove_collective::fusion::{FusionOptions, all_reduce_fused};
-use drove_collective::{Collective, Element, ReduceOptions};
+use drove_collective::fusion::{FusionOptions, Plan};
+use drove_collective::{Collective, Element};
 
 use crate::TrainError;
 use crate::flat;
+use crate::gradients::{GradientAllReduce, StepGradients};
 
 /// Averages the gradients of `model`'s parameters across the ranks of `comm`,
-/// in place in `grads`, fused into buckets per `fusion`.
-pub fn all_reduce_gradients<B, M, C>(
+/// in place in `grads`, fused into buckets per `fusion`: through the door a
+/// [`Replica`](crate::Replica)'s step takes, on host buffers.
+pub fn all_reduce_gradients<B, M>(
     model: &M,
     grads: &mut GradientsParams,
-    comm: &C,
+    comm: &dyn Collective,
     fusion: FusionOptions,
     device: &B::Device,
 ) -> Result<(), TrainError>
 where
     B: AutodiffBackend,
     M: AutodiffModule<B>,
-    C: Collective + ?Sized,
 {
     let mut flat = flat::take_gradients(model, grads)?;
-    let mut refs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
-    all_reduce_fused(comm, "gradients", &mut refs, ReduceOptions::average(), fusion)?;
+    let bytes: Vec<usize> = flat.iter().map(|g| g.len() * 4).collect();
+    let plan = Plan::dense(&bytes, fusion.threshold_bytes);
+    let door = GradientAllReduce::<B::InnerBackend>::new(comm, plan, fusion.compression);
+    door.average(StepGradients::Host(&mut flat))?;
     let mut scatter = Scatter::<B> { grads, flat: flat.into_iter(), device: device.clone() };
     model.visit(&mut scatter);
     Ok(())

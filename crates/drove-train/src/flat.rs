@@ -69,6 +69,29 @@ impl FlatParams {
     }
 }
 
+/// The dotted names of `model`'s float parameters, in module order (the
+/// names [`FlatParams::read`] gives, without reading a value).
+pub fn parameter_names<B: Backend, M: Module<B>>(model: &M) -> Vec<String> {
+    struct Names {
+        path: Vec<String>,
+        out: Vec<String>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Names {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, _param: &Param<Tensor<B, D>>) {
+            self.out.push(self.path.join("."));
+        }
+    }
+    let mut names = Names { path: Vec::new(), out: Vec::new() };
+    model.visit(&mut names);
+    names.out
+}
+
 struct Reader {
     path: Vec<String>,
     out: FlatParams,

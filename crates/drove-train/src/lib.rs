@@ -34,6 +34,7 @@ pub mod device;
 mod error;
 mod exchange;
 pub mod flat;
+mod gradients;
 pub mod micro;
 pub mod overlap;
 mod phase;
@@ -43,7 +44,7 @@ pub mod schedule;
 mod sparse;
 pub mod timeline;
 
-pub use error::TrainError;
+pub use error::{NoLocalGradient, TrainError};
 pub use exchange::{all_reduce_gradients, broadcast_parameters};
 pub use placement::Placement;
 pub use replica::{

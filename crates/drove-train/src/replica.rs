@@ -55,9 +55,10 @@ use drove_collective::{Buffer, Collective, Element};
 use crate::TrainError;
 use crate::checkpoint;
 use crate::flat::{FlatAdamW, FlatParams, decays};
+use crate::gradients::GradientAllReduce;
 use crate::micro::MicroBatches;
 use crate::overlap::Overlap;
-use crate::placement::{PlacementStep, StartState};
+use crate::placement::{Gradients, Placement, PlacementStep, Reset, StartState};
 use crate::timeline::Timeline;
 use drove_device::BucketAllReduce;
 
@@ -89,11 +90,15 @@ pub struct Replica<'c, B: AutodiffBackend, M: AutodiffModule<B>> {
     device: B::Device,
     names: Vec<String>,
     shapes: Vec<Vec<usize>>,
-    /// The gradient all-reduce's buckets (the same on every rank).
-    buckets: Plan,
+    /// The one door of the gradient all-reduce, with its buckets (the same
+    /// on every rank).
+    all_reduce: GradientAllReduce<'c, B::InnerBackend>,
     /// Parameters, optimizer state and the gradients summed over this
     /// step's passes so far, where `options.placement` says.
     placement: Box<dyn PlacementStep<B, M>>,
+    /// The gradients the next update takes: none before a backward pass,
+    /// the placement's own, or those an overlapped pass averaged.
+    pending: Option<Gradients>,
     micro: MicroBatches,
     passes: usize,
     local_loss: f64,
@@ -144,13 +149,23 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let micro = MicroBatches::new(
             MicroBatches::resolve(options.micro_batches, usize::MAX),
             rayon::current_num_threads(),
-        )
-        .map_err(|e| TrainError::Options(format!("could not start the micro-batch threads: {e}")))?;
+        )?;
         let (names, shapes) = (params.names.clone(), params.shapes.clone());
+        let keep_local = match &options.keep_local_gradient {
+            None => None,
+            Some(name) => Some(names.iter().position(|n| n == name).ok_or_else(|| TrainError::Options {
+                field: "keep_local_gradient",
+                message: format!(
+                    "must name a parameter, found {name:?}; some that are: {:?}",
+                    &names[names.len().saturating_sub(6)..]
+                ),
+            })?),
+        };
         let bytes: Vec<usize> = shapes.iter().map(|s| s.iter().product::<usize>() * 4).collect();
         let layouts = options.sparse_rows.layouts(&names, &shapes);
         let buckets = Plan::new(&bytes, &layouts, options.fusion.threshold_bytes);
-        let start = StartState { params, adamw: options.adamw, decay, fusion: options.fusion, device };
+        let all_reduce = GradientAllReduce::new(comm, buckets, options.fusion.compression);
+        let start = StartState { params, adamw: options.adamw, decay, device };
         let placement = options.placement.start(start);
         Ok(Replica {
             model: Some(model),
@@ -159,8 +174,9 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             device: device.clone(),
             names,
             shapes,
-            buckets,
+            all_reduce,
             placement,
+            pending: None,
             micro,
             passes: 0,
             deferred_loss: Vec::new(),
@@ -168,7 +184,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             compute: Duration::ZERO,
             exposed: Duration::ZERO,
             communication: Duration::ZERO,
-            overlap: Overlap::new(),
+            overlap: Overlap::new(keep_local),
             timeline: &OFF,
         })
     }
@@ -183,13 +199,19 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
     /// Replaces the bucket all-reduce of the [`Placement::Backend`](crate::Placement::Backend) placement
     /// (host staging by default) with `reducer`, e.g. a device collective.
     ///
+    /// The replica's passes then overlap no all-reduce with backward (the
+    /// reducer averages after it).
+    ///
     /// # Errors
     /// On a host-placed replica, which has no buckets on the device.
     pub fn with_bucket_all_reduce(
         mut self,
         reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
     ) -> Result<Self, TrainError> {
-        self.placement.set_bucket_all_reduce(reducer)?;
+        if self.options.placement != Placement::Backend {
+            return Err(TrainError::NotOnDevice);
+        }
+        self.all_reduce.set_device(reducer);
         Ok(self)
     }
 
@@ -303,7 +325,8 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         }
         let model = self.model.take().expect("the model is always put back");
         self.model = Some(params.write(model, &self.device));
-        self.placement.restore(params, optim);
+        self.placement.reset(Reset::State(params, optim));
+        self.pending = None;
         (self.passes, self.local_loss, self.compute) = (0, 0.0, Duration::ZERO);
         self.deferred_loss.clear();
         (self.exposed, self.communication, self.overlap.local) = (Duration::ZERO, Duration::ZERO, None);

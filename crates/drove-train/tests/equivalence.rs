@@ -62,7 +62,7 @@ fn grad_norm(model: &Tagger<B>, grads: &GradientsParams) -> f64 {
 
 /// Five AdamW steps on sentences `rows` (each rank its own), averaging
 /// gradients; returns the model and each step's averaged gradients' norm.
-fn train<C: Collective + ?Sized>(
+fn train<C: Collective>(
     mut model: Tagger<B>,
     comm: &C,
     rows: std::ops::Range<usize>,

@@ -234,7 +234,7 @@ fn lose(vocab: usize, opts: &ReplicaOptions, loss: &Loss) -> Vec<Seen> {
                         step(&mut replica, rank, FAILING, panic_in)
                     })) {
                         Ok(result) => result.expect_err("the failing step fails"),
-                        Err(_) => TrainError::Options("the step panicked (the test's panic)".into()),
+                        Err(_) => TrainError::MicroBatchFailed { micro: 0 }, // the test's panic
                     };
                     let failed = (bits(replica.model()), replica.steps());
                     assert_eq!(failed, before, "rank {rank}: the failed step applied nothing: {error}");

@@ -16,7 +16,7 @@ use drove_collective::LocalWorld;
 use drove_collective::fusion::FusionOptions;
 use drove_train::flat::FlatParams;
 use drove_train::timeline::{Timeline, Track};
-use drove_train::{Placement, Replica, ReplicaOptions, SparseRows};
+use drove_train::{Micro, NoLocalGradient, Placement, Replica, ReplicaOptions, SparseRows, TrainError};
 
 type B = Autodiff<Flex>;
 type Model = Deep<B>;
@@ -151,30 +151,31 @@ fn timelines(model: Model, opts: ReplicaOptions, steps: usize) -> Vec<Vec<drove_
 /// applied step's global loss and gradient norm before clipping, which see a
 /// gradient's scale where the parameters after clipping and AdamW do not.
 fn train(replica: &mut Replica<'_, B, Model>, rank: usize, steps: usize) -> Vec<(u64, u64)> {
-    let device = Default::default();
-    let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let passes = replica.options().backward_passes_per_step;
     let mut scales = Vec::new();
     for step in 0..steps {
         for pass in 0..passes {
             let batch = rows((step * passes + pass) as u64 * 31 + rank as u64, 8);
-            let outcome = replica
-                .step(&batch, |model: &Model, micro| {
-                    let (r, n) = (&micro.rows, micro.rows.len());
-                    let ids = TensorData::new(micro.batch.ids[r.start * SEQ..r.end * SEQ].to_vec(), [n, SEQ]);
-                    let ids = Tensor::<B, 2, Int>::from_data(ids, &device);
-                    let y =
-                        TensorData::new(micro.batch.labels[r.start * SEQ..r.end * SEQ].to_vec(), [n * SEQ]);
-                    let targets = Tensor::<B, 1, Int>::from_data(y, &device);
-                    loss_fn.forward(model.forward(ids).reshape([n * SEQ, LABELS]), targets)
-                })
-                .unwrap();
+            let outcome = replica.step(&batch, micro_loss).unwrap();
             if outcome.applied {
                 scales.push((outcome.global_loss.unwrap().to_bits(), outcome.grad_norm.unwrap().to_bits()));
             }
         }
     }
     scales
+}
+
+/// The cross-entropy of micro-batch `micro`'s rows.
+fn micro_loss(model: &Model, micro: &Micro<'_, Rows>) -> Tensor<B, 1> {
+    let device = Default::default();
+    let (r, n) = (&micro.rows, micro.rows.len());
+    let ids = TensorData::new(micro.batch.ids[r.start * SEQ..r.end * SEQ].to_vec(), [n, SEQ]);
+    let ids = Tensor::<B, 2, Int>::from_data(ids, &device);
+    let y = TensorData::new(micro.batch.labels[r.start * SEQ..r.end * SEQ].to_vec(), [n * SEQ]);
+    let targets = Tensor::<B, 1, Int>::from_data(y, &device);
+    CrossEntropyLossConfig::new()
+        .init(&device)
+        .forward(model.forward(ids).reshape([n * SEQ, LABELS]), targets)
 }
 
 /// What one rank ends with: its parameters' bits, what its replica said of its
@@ -310,5 +311,58 @@ fn the_embedding_rows_are_gathered_on_the_engine() {
         // the first parameter: the plan's first bucket.
         assert_eq!(rows.len(), 2, "two steps, one table: {spans:?}");
         assert_eq!(rows[0].name, "gradients.bucket0 rows all-gather");
+    }
+}
+
+/// Each rank's local gradient of `kept` (before the average) at each of
+/// `steps` steps, read between the backward pass and the update, with
+/// `opts`, whose `keep_local_gradient` names `kept` or nothing.
+fn local_gradients(opts: ReplicaOptions, kept: usize, steps: usize) -> Vec<Vec<Result<Vec<u32>, String>>> {
+    let handles: Vec<_> = LocalWorld::new(2)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(rank, comm)| {
+            let opts = opts.clone();
+            std::thread::spawn(move || {
+                let mut replica = Replica::new(initial(), &comm, opts, &Default::default()).unwrap();
+                (0..steps)
+                    .map(|step| {
+                        replica.backward(&rows(step as u64 * 31 + rank as u64, 8), micro_loss).unwrap();
+                        let local = replica.local_gradient(kept).map_err(|e| match e {
+                            TrainError::NoLocalGradient { why, .. } => format!("{why:?}"),
+                            other => panic!("not the error of a gradient not kept: {other}"),
+                        });
+                        replica.apply().unwrap();
+                        local.map(|g| g.iter().map(|x| x.to_bits()).collect())
+                    })
+                    .collect()
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("rank thread")).collect()
+}
+
+/// `ReplicaOptions::keep_local_gradient`: an overlapped pass keeps the named
+/// parameter's local gradient, bit for bit the plain pass's, in both
+/// placements; without it the overlapped steps say why there is none.
+#[test]
+fn an_overlapped_pass_keeps_the_local_gradient_the_options_name() {
+    let names = drove_train::flat::parameter_names::<B, _>(&initial());
+    let kept = names.iter().position(|n| n == "blocks.1.linear.weight").expect("the parameter");
+    for placement in [Placement::Host, Placement::Backend] {
+        let keep = |overlap| ReplicaOptions {
+            keep_local_gradient: Some(names[kept].clone()),
+            ..options(placement, overlap, 2, 1)
+        };
+        let plain = local_gradients(keep(false), kept, 3);
+        let overlapped = local_gradients(keep(true), kept, 3);
+        assert!(plain.iter().flatten().all(Result::is_ok), "{placement}: plain passes have it: {plain:?}");
+        assert_ne!(plain[0], plain[1], "{placement}: the ranks' local gradients differ");
+        assert_eq!(overlapped, plain, "{placement}: the overlapped passes keep the plain passes' gradient");
+        let unkept = local_gradients(options(placement, true, 2, 1), kept, 3);
+        // Step 1 measures (through the engine without hooks); 2 and 3 overlap.
+        let averaged = vec![Err(format!("{:?}", NoLocalGradient::Averaged)); 3];
+        assert_eq!(unkept, vec![averaged; 2], "{placement}: an overlapped pass keeps none unless named");
     }
 }

@@ -22,7 +22,6 @@ use drove_collective::{Collective, ReduceOptions};
 use serde::Serialize;
 
 use super::{Access, Cuda, CudaDevice, NcclBuckets, device_memory};
-use crate::BucketAllReduce;
 
 /// Elements of each case's tensor: 4096 f32s (16 KiB), a multiple of the
 /// 512-byte alignment at which burn slices a CUDA tensor without a copy.
@@ -247,8 +246,9 @@ fn check_all_reduce(buckets: &NcclBuckets, mesh: &dyn Collective, kind: CaseKind
     let (rank, world) = (mesh.rank(), mesh.world_size());
     let built = kind.build(rank, 1, buckets.device());
     let name = format!("in-place.{kind:?}.all_reduce");
-    let reduced =
-        buckets.all_reduce(mesh, &name, built.tensor, ReduceOptions::average()).map_err(|e| e.to_string())?;
+    let reduced = buckets
+        .all_reduce_bucket(mesh, &name, built.tensor, ReduceOptions::average())
+        .map_err(|e| e.to_string())?;
     let want = average(&(0..world).map(|q| kind.values(q, 1)).collect::<Vec<_>>());
     same(&read(&reduced)?, &want, world.is_power_of_two())?;
     untouched(&built.sharers)?;

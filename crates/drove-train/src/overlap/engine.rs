@@ -14,10 +14,10 @@
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use drove_collective::fusion::{self, FusionOptions, all_reduce_one};
-use drove_collective::{Collective, ReduceOptions};
+use drove_collective::fusion;
 
 use crate::TrainError;
+use crate::gradients::HostBuckets;
 use crate::timeline::{Timeline, Track};
 
 /// What reaches the engine from the micro-batches' threads.
@@ -55,13 +55,10 @@ pub(crate) enum Arrival {
 }
 
 /// What the engine needs to know before backward starts.
-pub(crate) struct Plan<'a> {
-    /// The collective.
-    pub comm: &'a dyn Collective,
-    /// Wire format.
-    pub fusion: FusionOptions,
-    /// The buckets, as the non-overlapped step's.
-    pub buckets: &'a fusion::Plan,
+pub(crate) struct EngineRun<'a, 'c> {
+    /// The buckets of the gradient all-reduce's door (the non-overlapped
+    /// step's), which it reduces one by one.
+    pub buckets: &'a HostBuckets<'c>,
     /// Elements of each parameter, in module order.
     pub sizes: Vec<usize>,
     /// Each parameter's hook level (empty when no parameter is hooked).
@@ -82,7 +79,7 @@ pub(crate) struct Plan<'a> {
 pub(crate) struct Reduced {
     /// Averaged gradients, module order.
     pub grads: Vec<Vec<f32>>,
-    /// The local sum of the parameter [`Plan::keep_local`] named.
+    /// The local sum of the parameter [`EngineRun::keep_local`] named.
     pub local: Option<(usize, Vec<f32>)>,
     /// Time the engine spent in all-reduces.
     pub communication: Duration,
@@ -120,7 +117,7 @@ impl Levels<'_> {
 
 /// Runs the engine on `inbox` until every bucket is reduced; see the
 /// [module](self).
-pub(crate) fn run(plan: Plan<'_>, inbox: Receiver<Arrival>) -> Result<Reduced, TrainError> {
+pub(crate) fn run(plan: EngineRun<'_, '_>, inbox: Receiver<Arrival>) -> Result<Reduced, TrainError> {
     let n = plan.sizes.len();
     let mut slots: Vec<Vec<Option<Vec<f32>>>> = vec![vec![None; plan.micros]; n];
     let mut sent: Vec<Option<Instant>> = vec![None; n];
@@ -133,7 +130,7 @@ pub(crate) fn run(plan: Plan<'_>, inbox: Receiver<Arrival>) -> Result<Reduced, T
     let whole = |slots: &[Vec<Option<Vec<f32>>>], done: &[bool], k: usize| {
         slots[k].iter().zip(done).all(|(slot, &done)| slot.is_some() || done)
     };
-    for (b, bucket) in plan.buckets.buckets.iter().enumerate().rev() {
+    for (b, bucket) in plan.buckets.plan().buckets.iter().enumerate().rev() {
         let params = bucket.tensors();
         while !params.clone().all(|k| whole(&slots, &done, k)) {
             match inbox.recv() {
@@ -142,24 +139,17 @@ pub(crate) fn run(plan: Plan<'_>, inbox: Receiver<Arrival>) -> Result<Reduced, T
                     levels.arrived(param, micro, at, plan.timeline);
                     let values = values?;
                     if values.len() != plan.sizes[param] {
-                        return Err(TrainError::Options(format!(
-                            "parameter {param}: a gradient of {} values for {} elements",
-                            values.len(),
-                            plan.sizes[param]
-                        )));
+                        let (found, expected) = (values.len(), plan.sizes[param]);
+                        return Err(TrainError::GradientLength { param, found, expected });
                     }
                     slots[param][micro] = Some(values);
                     sent[param] = sent[param].max(Some(at));
                 }
                 Ok(Arrival::Done { micro }) => done[micro] = true,
                 Ok(Arrival::Failed { micro }) => {
-                    return Err(TrainError::Options(format!("micro-batch {micro} stopped during backward")));
+                    return Err(TrainError::MicroBatchFailed { micro });
                 }
-                Err(_) => {
-                    return Err(TrainError::Options(format!(
-                        "backward ended before gradients.bucket{b} was whole"
-                    )));
-                }
+                Err(_) => return Err(TrainError::BucketIncomplete { bucket: b }),
             }
         }
         // The bucket was whole when backward handed over its last gradient.
@@ -183,23 +173,14 @@ pub(crate) fn run(plan: Plan<'_>, inbox: Receiver<Arrival>) -> Result<Reduced, T
                 local = Some((k, out[k].clone()));
             }
         }
-        let name = format!("gradients.bucket{b}");
-        let mut all: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
         let started = Instant::now();
-        all_reduce_one(
-            plan.comm,
-            &name,
-            &mut all,
-            bucket,
-            ReduceOptions::average(),
-            plan.fusion.compression,
-        )?;
+        plan.buckets.average_bucket(b, &mut out)?;
         communication += started.elapsed();
         let what = match bucket {
             fusion::Bucket::Fused(_) => "all-reduce",
             fusion::Bucket::Rows { .. } => "rows all-gather",
         };
-        plan.timeline.record(format!("{name} {what}"), "bucket", Track::Engine, ready);
+        plan.timeline.record(format!("gradients.bucket{b} {what}"), "bucket", Track::Engine, ready);
     }
     Ok(Reduced { grads: out, local, communication })
 }
@@ -208,10 +189,12 @@ pub(crate) fn run(plan: Plan<'_>, inbox: Receiver<Arrival>) -> Result<Reduced, T
 mod tests {
     use std::sync::mpsc::channel;
 
-    use drove_collective::LocalWorld;
-    use drove_collective::fusion::all_reduce_fused;
+    use burn::backend::Flex;
+    use drove_collective::fusion::{FusionOptions, all_reduce_fused};
+    use drove_collective::{LocalWorld, ReduceOptions};
 
     use super::*;
+    use crate::gradients::GradientAllReduce;
 
     /// Two ranks, two micro-batches, three parameters in two buckets; the
     /// gradients arrive last parameter first, one missing (zeros).
@@ -254,10 +237,9 @@ mod tests {
                         tx.send(Arrival::Done { micro: 1 }).unwrap();
                         tx.send(Arrival::Done { micro: 0 }).unwrap();
                         let buckets = fusion::Plan::dense(&[12, 8, 16], fusion.threshold_bytes);
-                        let plan = Plan {
-                            comm: &comm,
-                            fusion,
-                            buckets: &buckets,
+                        let all_reduce = GradientAllReduce::<Flex>::new(&comm, buckets, fusion.compression);
+                        let plan = EngineRun {
+                            buckets: all_reduce.host(),
                             sizes: sizes.clone(),
                             levels: &[],
                             names: &[],
@@ -284,10 +266,9 @@ mod tests {
         let timeline = Timeline::off();
         let comm = drove_collective::SingleProcess;
         let buckets = fusion::Plan::dense(&[8], 1 << 20);
-        let plan = Plan {
-            comm: &comm,
-            fusion: FusionOptions::default(),
-            buckets: &buckets,
+        let all_reduce = GradientAllReduce::<Flex>::new(&comm, buckets, Default::default());
+        let plan = EngineRun {
+            buckets: all_reduce.host(),
             sizes: vec![2],
             levels: &[],
             names: &[],

@@ -43,17 +43,18 @@ pub(crate) struct Overlap<I: Backend> {
     levels: Option<Vec<Option<usize>>>,
     /// The ticks up to the deepest hook level.
     ticks: Option<Ticks<I>>,
-    /// A parameter whose local (pre-average) gradient the next overlapped
-    /// pass keeps.
+    /// A parameter whose local (pre-average) gradient every overlapped pass
+    /// keeps (`ReplicaOptions::keep_local_gradient`).
     pub keep_local: Option<usize>,
     /// The local gradient kept by the last overlapped pass.
     pub local: Option<(usize, Vec<f32>)>,
 }
 
 impl<I: Backend> Overlap<I> {
-    /// Nothing measured yet.
-    pub(crate) fn new() -> Self {
-        Overlap { levels: None, ticks: None, keep_local: None, local: None }
+    /// Nothing measured yet; the overlapped passes keep the local gradient of
+    /// parameter `keep_local`, if any.
+    pub(crate) fn new(keep_local: Option<usize>) -> Self {
+        Overlap { levels: None, ticks: None, keep_local, local: None }
     }
 
     /// The next pass's kind: `wanted` says whether overlap is on and can

@@ -1,8 +1,9 @@
 //! The backend placement: parameters, gradients and AdamW state as tensors
 //! on the backend's device (the GPU path). Gradients are summed with tensor
-//! adds and averaged bucket by bucket through a [`BucketAllReduce`] (host
-//! staging unless replaced); clipping and [`DeviceAdamW`] run in burn ops.
-//! The parts are in [`crate::device`].
+//! adds and averaged through the replica's
+//! [`GradientAllReduce`](crate::gradients::GradientAllReduce) (drove-device's
+//! seam: host staging unless replaced); clipping and [`DeviceAdamW`] run in
+//! burn ops. The parts are in [`crate::device`].
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -11,33 +12,37 @@ use burn::module::AutodiffModule;
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
-use super::step::{Pass, PlacementStep, UpdateSettings, Updated, accumulate};
+use super::step::{Gradients, Pass, PlacementStep, Reset, UpdateSettings, Updated, accumulate};
 use crate::TrainError;
-use drove_device::BucketAllReduce;
 
-use crate::device::{DeviceAdamW, all_reduce_planned, clip_global_norm, flatten, take_gradients};
+use crate::device::{DeviceAdamW, clip_global_norm, flatten, take_gradients};
 use crate::flat::{FlatAdamW, FlatParams};
+use crate::gradients::StepGradients;
 use crate::micro::MicroBatches;
 use crate::phase::{PhaseTimes, phase};
 
-/// [`DeviceAdamW`], the bucket all-reduce, and the gradients summed since the
-/// last update as flat 1-D tensors in module order.
+/// [`DeviceAdamW`] and the gradients summed since the last update as flat
+/// 1-D tensors in module order.
 pub(crate) struct BackendPlacement<B: AutodiffBackend> {
     optim: DeviceAdamW<B::InnerBackend>,
-    reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
     device: B::Device,
     pending: Option<Vec<Tensor<B::InnerBackend, 1>>>,
-    /// Whether `pending` is averaged across ranks already.
-    reduced: bool,
 }
 
 impl<B: AutodiffBackend> BackendPlacement<B> {
-    pub(crate) fn new(
-        optim: DeviceAdamW<B::InnerBackend>,
-        reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
-        device: &B::Device,
-    ) -> Self {
-        BackendPlacement { optim, reducer, device: device.clone(), pending: None, reduced: false }
+    pub(crate) fn new(optim: DeviceAdamW<B::InnerBackend>, device: &B::Device) -> Self {
+        BackendPlacement { optim, device: device.clone(), pending: None }
+    }
+
+    /// Averaged host buffers as tensors on the device.
+    fn upload(&self, grads: Vec<Vec<f32>>) -> Vec<Tensor<B::InnerBackend, 1>> {
+        grads
+            .into_iter()
+            .map(|g| {
+                let n = g.len();
+                drove_kernels::transfer::upload(burn::tensor::TensorData::new(g, [n]), &self.device)
+            })
+            .collect()
     }
 }
 
@@ -58,19 +63,7 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
         accumulate(micro, jobs, pass, take, add, &mut self.pending)
     }
 
-    fn has_gradients(&self) -> bool {
-        self.pending.is_some()
-    }
-
-    fn discard_gradients(&mut self) {
-        (self.pending, self.reduced) = (None, false);
-    }
-
-    fn overlappable(&self) -> bool {
-        self.reducer.host_staging().is_some()
-    }
-
-    fn take_pending_host(&mut self) -> Result<Option<Vec<Vec<f32>>>, TrainError> {
+    fn take_host(&mut self) -> Result<Option<Vec<Vec<f32>>>, TrainError> {
         let Some(pending) = self.pending.take() else { return Ok(None) };
         let host = pending
             .into_iter()
@@ -78,26 +71,6 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
             .map(|(index, grad)| crate::flat::to_f32(drove_kernels::transfer::read(grad), index))
             .collect::<Result<_, _>>()?;
         Ok(Some(host))
-    }
-
-    fn set_reduced(&mut self, grads: Vec<Vec<f32>>) -> Result<(), TrainError> {
-        let device = &self.device;
-        let tensors = grads
-            .into_iter()
-            .map(|g| {
-                let n = g.len();
-                drove_kernels::transfer::upload::<B::InnerBackend, 1, _>(
-                    burn::tensor::TensorData::new(g, [n]),
-                    device,
-                )
-            })
-            .collect();
-        (self.pending, self.reduced) = (Some(tensors), true);
-        Ok(())
-    }
-
-    fn is_reduced(&self) -> bool {
-        self.reduced
     }
 
     fn local_gradient(&self, index: usize) -> Option<Result<Vec<f32>, TrainError>> {
@@ -108,19 +81,19 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
     fn update(
         &mut self,
         model: M,
-        u: &UpdateSettings<'_>,
+        grads: Gradients,
+        u: &UpdateSettings<'_, '_, B::InnerBackend>,
         times: &mut PhaseTimes,
         loss: Option<Tensor<B::InnerBackend, 1>>,
     ) -> (M, Result<Updated, TrainError>) {
-        let Some(mut tensors) = self.pending.take() else {
-            return (model, Err(TrainError::Options("apply needs a backward pass first".into())));
+        let pending = self.pending.take();
+        let (mut tensors, averaged) = match (grads, pending) {
+            (Gradients::Averaged(grads), _) => (self.upload(grads), true),
+            (Gradients::Local, Some(tensors)) => (tensors, false),
+            (Gradients::Local, None) => return (model, Err(TrainError::NoBackward)),
         };
-        let averaged = std::mem::take(&mut self.reduced);
         let reduced = phase(u.timeline, "gradient all-reduce", &mut times.all_reduce, || {
-            if averaged {
-                return Ok(());
-            }
-            all_reduce_planned(self.reducer.as_ref(), u.comm, &mut tensors, u.fusion, u.plan)
+            if averaged { Ok(()) } else { u.all_reduce.average(StepGradients::Device(&mut tensors)) }
         });
         if let Err(e) = reduced {
             return (model, Err(e));
@@ -163,16 +136,10 @@ impl<B: AutodiffBackend, M: AutodiffModule<B>> PlacementStep<B, M> for BackendPl
         Ok((Cow::Owned(FlatParams::read(model)?), Cow::Owned(self.optim.to_flat()?)))
     }
 
-    fn restore(&mut self, _params: FlatParams, optim: FlatAdamW) {
-        self.optim.load_flat(&optim, &self.device);
-        (self.pending, self.reduced) = (None, false);
-    }
-
-    fn set_bucket_all_reduce(
-        &mut self,
-        reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
-    ) -> Result<(), TrainError> {
-        self.reducer = reducer;
-        Ok(())
+    fn reset(&mut self, to: Reset) {
+        self.pending = None;
+        if let Reset::State(_params, optim) = to {
+            self.optim.load_flat(&optim, &self.device);
+        }
     }
 }

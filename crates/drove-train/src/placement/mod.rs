@@ -8,7 +8,9 @@
 //! type, so the gradients of one placement can never reach the other's update.
 //! The replica runs the forward and backward passes and the loss all-reduce;
 //! a placement takes each pass's gradients, sums them, and makes the update
-//! (gradient all-reduce, clipping, AdamW).
+//! (the gradient all-reduce through the replica's one door,
+//! [`GradientAllReduce`](crate::gradients::GradientAllReduce), clipping,
+//! AdamW).
 
 mod backend;
 mod host;
@@ -16,15 +18,14 @@ mod step;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
-use drove_collective::fusion::FusionOptions;
 
-use drove_device::{DeviceChoice, HostStaging};
+use drove_device::DeviceChoice;
 
 use crate::device::DeviceAdamW;
 use crate::flat::{AdamWSettings, FlatAdamW, FlatParams};
 use backend::BackendPlacement;
 use host::HostPlacement;
-pub(crate) use step::{PlacementStep, UpdateSettings};
+pub(crate) use step::{Gradients, PlacementStep, Reset, UpdateSettings};
 
 /// Where a replica keeps its parameters, gradients and optimizer state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -79,8 +80,6 @@ pub(crate) struct StartState<'a, B: AutodiffBackend> {
     pub adamw: AdamWSettings,
     /// Whether each parameter decays.
     pub decay: Vec<bool>,
-    /// The wire format of the default bucket all-reduce.
-    pub fusion: FusionOptions,
     /// Where the model lives.
     pub device: &'a B::Device,
 }
@@ -100,8 +99,7 @@ impl Placement {
             }
             Placement::Backend => {
                 let optim = DeviceAdamW::new(start.adamw, &start.params.shapes, start.decay, start.device);
-                let reducer = Box::new(HostStaging { compression: start.fusion.compression });
-                Box::new(BackendPlacement::<B>::new(optim, reducer, start.device))
+                Box::new(BackendPlacement::<B>::new(optim, start.device))
             }
         }
     }

@@ -1,6 +1,6 @@
-//! What a placement does in a step ([`PlacementStep`]), what an update needs
-//! ([`UpdateSettings`]), and the loop of backward passes both placements share
-//! ([`accumulate`]).
+//! What a placement does in a step ([`PlacementStep`]), the gradients an
+//! update takes ([`Gradients`]) and what else it needs ([`UpdateSettings`]),
+//! and the loop of backward passes both placements share ([`accumulate`]).
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -8,16 +8,14 @@ use std::ops::Range;
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
-use burn::tensor::backend::AutodiffBackend;
-use drove_collective::Collective;
-use drove_collective::fusion::{FusionOptions, Plan};
+use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use crate::TrainError;
 use crate::flat::{FlatAdamW, FlatParams};
+use crate::gradients::GradientAllReduce;
 use crate::micro::MicroBatches;
 use crate::phase::PhaseTimes;
 use crate::timeline::Timeline;
-use drove_device::BucketAllReduce;
 
 /// One micro-batch's forward and backward pass, as the replica runs it:
 /// `(index, rows, model)` to the loss value and the gradients.
@@ -32,14 +30,30 @@ pub(crate) struct Updated {
     pub loss: Option<Vec<f32>>,
 }
 
+/// The gradients an update takes.
+pub(crate) enum Gradients {
+    /// Those the placement's backward passes summed on this rank: the update
+    /// averages them across ranks first.
+    Local,
+    /// Summed and averaged across ranks already (by an overlapped pass, as
+    /// host buffers, module order): the update takes them as they are. The
+    /// placement's own are used up.
+    Averaged(Vec<Vec<f32>>),
+}
+
+/// What a placement's state is reset to ([`PlacementStep::reset`]).
+pub(crate) enum Reset {
+    /// Only the pending gradients go (a step that ends without an update).
+    Gradients,
+    /// The parameters and optimizer state of a checkpoint (the model has been
+    /// given the parameters already); the pending gradients go too.
+    State(FlatParams, FlatAdamW),
+}
+
 /// What an update needs besides the state it changes.
-pub(crate) struct UpdateSettings<'a> {
-    /// The collective the gradients are averaged through.
-    pub comm: &'a dyn Collective,
-    /// Bucket size and wire compression of the gradient all-reduce.
-    pub fusion: FusionOptions,
-    /// Its buckets, row-sparse tables apart (for reductions on the host).
-    pub plan: &'a Plan,
+pub(crate) struct UpdateSettings<'a, 'c, I: Backend> {
+    /// The door the gradients are averaged through.
+    pub all_reduce: &'a GradientAllReduce<'c, I>,
     /// The global norm to clip to (0: no clipping).
     pub clip: f64,
     /// The learning rate of the update.
@@ -61,18 +75,17 @@ pub(crate) trait PlacementStep<B: AutodiffBackend, M: AutodiffModule<B>> {
         pass: &Pass<'_, M>,
     ) -> Result<f64, TrainError>;
 
-    /// Whether gradients are pending (a backward pass since the last update).
-    fn has_gradients(&self) -> bool;
-
-    /// Drops the pending gradients (a step that ends without an update).
-    fn discard_gradients(&mut self);
-
     /// The pending gradient of parameter `index` (module order), if any.
     fn local_gradient(&self, index: usize) -> Option<Result<Vec<f32>, TrainError>>;
 
-    /// The update from the pending gradients: averaged across ranks, clipped,
-    /// and applied by AdamW; returns the model (unchanged if the all-reduce
-    /// failed) and what was read back. The gradients are used up.
+    /// Takes the pending gradients as host buffers (module order), for an
+    /// overlapped last pass to add to; `None` when there are none.
+    fn take_host(&mut self) -> Result<Option<Vec<Vec<f32>>>, TrainError>;
+
+    /// The update from `grads`: averaged across ranks through
+    /// `u.all_reduce` unless they are already, clipped, and applied by AdamW;
+    /// returns the model (unchanged if the all-reduce failed) and what was
+    /// read back. The pending gradients are used up.
     ///
     /// With `loss` (the step's loss, still on the device) the update is
     /// guarded by it: when the loss or the gradient norm is not finite the
@@ -82,43 +95,20 @@ pub(crate) trait PlacementStep<B: AutodiffBackend, M: AutodiffModule<B>> {
     fn update(
         &mut self,
         model: M,
-        u: &UpdateSettings<'_>,
+        grads: Gradients,
+        u: &UpdateSettings<'_, '_, B::InnerBackend>,
         times: &mut PhaseTimes,
         loss: Option<Tensor<B::InnerBackend, 1>>,
     ) -> (M, Result<Updated, TrainError>);
 
-    /// Whether an overlapped pass can hand this placement its gradients
-    /// (averaged on the host): the host placement, and the backend one with
-    /// host staging.
-    fn overlappable(&self) -> bool;
-
-    /// Takes the gradients pending from the step's earlier passes as host
-    /// buffers (module order), for an overlapped last pass to add to.
-    fn take_pending_host(&mut self) -> Result<Option<Vec<Vec<f32>>>, TrainError>;
-
-    /// Takes gradients already summed and averaged across ranks (by an
-    /// overlapped pass): the next update skips its all-reduce.
-    fn set_reduced(&mut self, grads: Vec<Vec<f32>>) -> Result<(), TrainError>;
-
-    /// Whether the pending gradients are averaged already.
-    fn is_reduced(&self) -> bool;
+    /// Drops the pending gradients, and takes a checkpoint's state if given.
+    fn reset(&mut self, to: Reset);
 
     /// Optimizer steps applied so far.
     fn steps(&self) -> u64;
 
     /// Parameters and optimizer state as host buffers, for a checkpoint.
     fn host_state(&self, model: &M) -> Result<(Cow<'_, FlatParams>, Cow<'_, FlatAdamW>), TrainError>;
-
-    /// Takes the parameters and optimizer state of a checkpoint (the model
-    /// has been given `params` already); pending gradients are dropped.
-    fn restore(&mut self, params: FlatParams, optim: FlatAdamW);
-
-    /// Replaces the bucket all-reduce of the gradients (the backend
-    /// placement's seam); an error on a placement that has none.
-    fn set_bucket_all_reduce(
-        &mut self,
-        reducer: Box<dyn BucketAllReduce<B::InnerBackend>>,
-    ) -> Result<(), TrainError>;
 }
 
 /// The loop both placements' [`PlacementStep::backward`] share: runs `pass`

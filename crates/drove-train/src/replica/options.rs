@@ -107,6 +107,13 @@ pub struct ReplicaOptions {
     /// When the backend placement reads a step's loss (the host placement
     /// reads it after each forward pass: its gradients go through the host).
     pub loss_read: LossRead,
+    /// A parameter (its dotted name) whose local gradient, this rank's before
+    /// the average, every step keeps for
+    /// [`Replica::local_gradient`](crate::Replica::local_gradient), overlapped
+    /// or not (an overlapped pass averages the others during backward): for a
+    /// diagnostic that compares ranks' gradients. `None`: none is kept past
+    /// an overlapped pass.
+    pub keep_local_gradient: Option<String>,
 }
 
 impl Default for ReplicaOptions {
@@ -127,6 +134,7 @@ impl Default for ReplicaOptions {
             root: 0,
             overlap: true,
             loss_read: LossRead::AtUpdate,
+            keep_local_gradient: None,
         }
     }
 }
@@ -134,8 +142,8 @@ impl Default for ReplicaOptions {
 impl ReplicaOptions {
     /// Checks the options for a world of `world` ranks, naming the field at fault.
     pub(super) fn check(&self, world: usize) -> Result<(), TrainError> {
-        let bad = |field: &str, rule: &str, value: f64| {
-            Err(TrainError::Options(format!("{field} must be {rule}, found {value}")))
+        let bad = |field: &'static str, rule: &str, value: f64| {
+            Err(TrainError::Options { field, message: format!("must be {rule}, found {value}") })
         };
         let a = &self.adamw;
         if !(self.lr.is_finite() && self.lr >= 0.0) {
@@ -156,13 +164,12 @@ impl ReplicaOptions {
             return bad("adamw.weight_decay", "a finite number >= 0", a.weight_decay);
         }
         if self.backward_passes_per_step == 0 {
-            return Err(TrainError::Options("backward_passes_per_step must be at least 1, found 0".into()));
+            let message = "must be at least 1, found 0".into();
+            return Err(TrainError::Options { field: "backward_passes_per_step", message });
         }
         if self.root >= world {
-            return Err(TrainError::Options(format!(
-                "root must be a rank of the world of {world}, found {}",
-                self.root
-            )));
+            let message = format!("must be a rank of the world of {world}, found {}", self.root);
+            return Err(TrainError::Options { field: "root", message });
         }
         Ok(())
     }

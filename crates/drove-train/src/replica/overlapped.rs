@@ -13,11 +13,11 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::{LossReduction, Micro, Replica, Rows, split_rows};
-use crate::TrainError;
 use crate::micro::fresh_leaves;
-use crate::overlap::engine::{self, Arrival, Plan};
+use crate::overlap::engine::{self, Arrival, EngineRun};
 use crate::overlap::graph::{Probes, hooked, supported};
 use crate::timeline::{Timeline, Track};
+use crate::{Placement, TrainError};
 
 /// How a micro-batch's loss is weighed: by its share of the step's rows on
 /// this rank (mean losses) or as it is (sums).
@@ -80,12 +80,13 @@ impl Drop for Finish {
 
 impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
     /// Whether this replica's passes overlap: asked for, more than one rank,
-    /// burn's `Autodiff` backend, and a placement that reduces on the host.
+    /// burn's `Autodiff` backend, and gradients the host collective may
+    /// average (host buffers, or host staging's).
     pub(super) fn overlap_wanted(&self) -> bool {
         self.options.overlap
             && self.comm.world_size() > 1
             && supported::<B>()
-            && self.placement.overlappable()
+            && (self.options.placement == Placement::Host || self.all_reduce.device_may_overlap())
     }
 
     /// Whether the replica's backward passes overlap the all-reduce (after
@@ -96,16 +97,9 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         (self.overlap_wanted(), self.overlap.hooked())
     }
 
-    /// Keeps the local (before averaging) gradient of parameter `index` from
-    /// the next overlapped pass, for [`local_gradient`](Self::local_gradient):
-    /// an overlapped pass averages the gradients during backward. Does
-    /// nothing to a pass that does not overlap.
-    pub fn keep_local_gradient(&mut self, index: usize) {
-        self.overlap.keep_local = Some(index);
-    }
-
     /// The last pass of a step, overlapped: returns the sum of the
-    /// micro-batches' losses; the averaged gradients wait in the placement.
+    /// micro-batches' losses and the averaged gradients (host buffers, module
+    /// order) for the update.
     /// A pass that `measure`s has no hooks (every gradient reaches the
     /// engine after backward) and probes that learn where the hooks go.
     pub(super) fn backward_overlapped<T, F>(
@@ -113,17 +107,17 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         batch: &T,
         loss: &F,
         measure: bool,
-    ) -> Result<f64, TrainError>
+    ) -> Result<(f64, Vec<Vec<f32>>), TrainError>
     where
         T: Rows + ?Sized,
         F: Fn(&M, &Micro<'_, T>) -> Tensor<B, 1> + Sync,
     {
         let rows = batch.rows();
         let weigh = self.weigh(rows);
-        let (timeline, comm, fusion) = (self.timeline, self.comm, self.options.fusion);
+        let timeline = self.timeline;
         let sizes: Vec<usize> = self.shapes.iter().map(|s| s.iter().product()).collect();
-        let pending = self.placement.take_pending_host()?;
-        let keep_local = self.overlap.keep_local.take();
+        let pending = self.placement.take_host()?;
+        let keep_local = self.overlap.keep_local;
         let hooks = if measure { None } else { self.overlap.hooks() };
         let levels = hooks.map_or(&[][..], |(levels, _)| levels);
         let (tx, inbox) = channel();
@@ -137,10 +131,9 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             })
             .collect();
         let measured = std::sync::Mutex::new(Vec::new());
-        let (buckets, names) = (&self.buckets, self.names.as_slice());
+        let (buckets, names) = (self.all_reduce.host(), self.names.as_slice());
         let micros = jobs.len();
-        let plan =
-            Plan { comm, fusion, buckets, sizes, levels, names, micros, pending, keep_local, timeline };
+        let plan = EngineRun { buckets, sizes, levels, names, micros, pending, keep_local, timeline };
         let micro = &self.micro;
         let work = |index: usize, (range, model): (Range<usize>, M)| {
             let finish = Finish { tx: tx.clone(), micro: index };
@@ -180,8 +173,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         self.overlap.local = reduced.local;
         self.exposed += exposed;
         self.communication += reduced.communication;
-        self.placement.set_reduced(reduced.grads)?;
-        Ok(losses.into_iter().sum())
+        Ok((losses.into_iter().sum(), reduced.grads))
     }
 }
 

@@ -16,6 +16,7 @@ use drove_collective::{Buffer, Collective, Element};
 use super::{Replica, ReplicaOptions, fingerprint};
 use crate::TrainError;
 use crate::flat::{FlatAdamW, FlatParams};
+use crate::placement::Reset;
 
 /// What a [`Replica::resync`] found and did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,7 +56,8 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
     /// member is at step 0 (a fresh start), the options' root broadcasts its
     /// parameters, as [`Replica::new`] does. Every member calls this at once.
     pub fn resync(&mut self, loop_state: &mut [u64]) -> Result<Resynced, TrainError> {
-        self.placement.discard_gradients();
+        self.placement.reset(Reset::Gradients);
+        self.pending = None;
         (self.passes, self.local_loss, self.compute) = (0, 0.0, Duration::ZERO);
         self.deferred_loss.clear();
         let (params, optim) = {
@@ -67,7 +69,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let gathered = self.comm.all_gather("resync.state", &[2], i64::tensor_ref(&mine))?;
         let Buffer::I64(all) = gathered.data else { unreachable!("gathered i64") };
         let states: Vec<(u64, u64)> = all.chunks(2).map(|c| (c[0] as u64, c[1] as u64)).collect();
-        let plan = Plan::of(&states, self.options.root)?;
+        let plan = Handover::of(&states, self.options.root)?;
         let mut words: Vec<i64> = loop_state.iter().map(|&w| w as i64).collect();
         self.comm.broadcast("resync.loop", &[words.len()], i64::tensor_mut(&mut words), plan.source)?;
         for (w, got) in loop_state.iter_mut().zip(&words) {
@@ -80,7 +82,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let print = fingerprint(&params, &optim);
         let model = self.model.take().expect("the model is always put back");
         self.model = Some(params.write(model, &self.device));
-        self.placement.restore(params, optim);
+        self.placement.reset(Reset::State(params, optim));
         Ok(plan.resynced(print))
     }
 
@@ -106,19 +108,19 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
 
 /// Who sends and who receives, from every member's (step, fingerprint).
 #[derive(Debug, PartialEq, Eq)]
-struct Plan {
+struct Handover {
     source: usize,
     step: u64,
     behind: Vec<usize>,
 }
 
-impl Plan {
-    fn of(states: &[(u64, u64)], root: usize) -> Result<Plan, TrainError> {
+impl Handover {
+    fn of(states: &[(u64, u64)], root: usize) -> Result<Handover, TrainError> {
         let step = states.iter().map(|s| s.0).max().unwrap_or(0);
         if step == 0 {
             // A fresh start: the root's initial weights, as Replica::new.
             let behind = (0..states.len()).filter(|&r| r != root).collect();
-            return Ok(Plan { source: root.min(states.len().saturating_sub(1)), step, behind });
+            return Ok(Handover { source: root.min(states.len().saturating_sub(1)), step, behind });
         }
         let ahead: Vec<usize> = (0..states.len()).filter(|&r| states[r].0 == step).collect();
         let source = ahead[0];
@@ -131,7 +133,7 @@ impl Plan {
             )));
         }
         let behind = (0..states.len()).filter(|&r| states[r].0 != step).collect();
-        Ok(Plan { source, step, behind })
+        Ok(Handover { source, step, behind })
     }
 
     fn resynced(self, fingerprint: u64) -> Resynced {
@@ -145,19 +147,19 @@ mod tests {
 
     #[test]
     fn the_lowest_member_at_the_highest_step_sends_to_those_behind() {
-        let plan = Plan::of(&[(9, 1), (10, 7), (10, 7), (0, 3)], 0).unwrap();
-        assert_eq!(plan, Plan { source: 1, step: 10, behind: vec![0, 3] });
-        let even = Plan::of(&[(10, 7), (10, 7)], 0).unwrap();
+        let plan = Handover::of(&[(9, 1), (10, 7), (10, 7), (0, 3)], 0).unwrap();
+        assert_eq!(plan, Handover { source: 1, step: 10, behind: vec![0, 3] });
+        let even = Handover::of(&[(10, 7), (10, 7)], 0).unwrap();
         assert!(even.behind.is_empty());
     }
 
     #[test]
     fn a_fresh_start_broadcasts_from_the_root_and_disagreeing_leaders_are_named() {
         assert_eq!(
-            Plan::of(&[(0, 1), (0, 2), (0, 3)], 1).unwrap(),
-            Plan { source: 1, step: 0, behind: vec![0, 2] }
+            Handover::of(&[(0, 1), (0, 2), (0, 3)], 1).unwrap(),
+            Handover { source: 1, step: 0, behind: vec![0, 2] }
         );
-        let err = Plan::of(&[(10, 7), (4, 1), (10, 8)], 0).unwrap_err().to_string();
+        let err = Handover::of(&[(10, 7), (4, 1), (10, 8)], 0).unwrap_err().to_string();
         assert!(err.contains("rank(s) [0, 2] are at step 10 but rank(s) [2]"), "{err}");
     }
 }

@@ -15,11 +15,12 @@ use drove_collective::{Buffer, Element, Gathered, ReduceOptions};
 use super::overlapped::Weigh;
 use super::{Micro, Replica, Rows, StepOutcome, split_rows};
 use crate::TrainError;
+use crate::error::NoLocalGradient;
 use crate::micro::fresh_leaves;
 use crate::overlap::PassKind;
 use crate::overlap::graph::Probes;
 use crate::phase::PhaseTimes;
-use crate::placement::UpdateSettings;
+use crate::placement::{Gradients, Reset, UpdateSettings};
 use crate::timeline::Track;
 
 impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
@@ -118,7 +119,11 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         let started = Instant::now();
         let rows = batch.rows();
         if rows == 0 {
-            return Err(TrainError::Options("a step needs a batch of at least one row".into()));
+            return Err(TrainError::EmptyBatch);
+        }
+        if matches!(self.pending, Some(Gradients::Averaged(_))) {
+            let (pass, passes) = (self.passes + 1, self.options.backward_passes_per_step);
+            return Err(TrainError::StepComplete { pass, passes });
         }
         let last = self.passes + 1 == self.options.backward_passes_per_step;
         let kind = self.overlap.kind(self.overlap_wanted(), last);
@@ -128,7 +133,8 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         // elastic run measures when the others overlap already).
         if kind == PassKind::Overlapped || (kind == PassKind::Measure && last) {
             let exposed_before = self.exposed;
-            let total = self.backward_overlapped(batch, &loss, kind == PassKind::Measure)?;
+            let (total, averaged) = self.backward_overlapped(batch, &loss, kind == PassKind::Measure)?;
+            self.pending = Some(Gradients::Averaged(averaged));
             self.passes += 1;
             self.local_loss += total;
             // The wait for the engine after backward is the exposed all-reduce, not compute.
@@ -169,6 +175,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             (scalar, grads)
         };
         let total = self.placement.backward(&self.micro, jobs, &pass)?;
+        self.pending = Some(Gradients::Local);
         if measure {
             let mut measured = measured.into_inner().unwrap_or_else(|e| e.into_inner());
             measured.sort_by_key(|(index, _)| *index);
@@ -199,25 +206,25 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         {
             return Ok(values.clone());
         }
-        if self.placement.is_reduced() {
-            return Err(TrainError::Options(format!(
-                "no local gradient {index}: the overlapped pass averaged it during backward; call \
-                 keep_local_gradient({index}) before the pass"
-            )));
-        }
-        let missing =
-            || TrainError::Options(format!("no gradient {index}: no backward pass since the last update"));
-        self.placement.local_gradient(index).ok_or_else(missing)?
+        let why = match self.pending {
+            None => NoLocalGradient::NoPass,
+            Some(Gradients::Averaged(_)) => NoLocalGradient::Averaged,
+            Some(Gradients::Local) => match self.placement.local_gradient(index) {
+                Some(gradient) => return gradient,
+                None => NoLocalGradient::NoParameter,
+            },
+        };
+        Err(TrainError::NoLocalGradient { index, why })
     }
 
     /// The update of the passes accumulated so far: gradients averaged across
     /// ranks, clipped by their global norm, and applied by AdamW. Every rank
     /// calls it at the same step.
     pub fn apply(&mut self) -> Result<StepOutcome, TrainError> {
-        if !self.placement.has_gradients() {
-            return Err(TrainError::Options("apply needs a backward pass first".into()));
-        }
-        let (comm, fusion, clip) = (self.comm, self.options.fusion, self.options.clip_norm);
+        let Some(grads) = self.pending.take() else {
+            return Err(TrainError::NoBackward);
+        };
+        let clip = self.options.clip_norm;
         let lr = self.next_lr();
         let mut times = PhaseTimes {
             compute: std::mem::take(&mut self.compute),
@@ -249,11 +256,10 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             Some(_) => None,
             None => Some(self.finite_global_loss(step, local_loss)?),
         };
-        let settings =
-            UpdateSettings { comm, fusion, plan: &self.buckets, clip, lr, timeline: self.timeline };
+        let settings = UpdateSettings { all_reduce: &self.all_reduce, clip, lr, timeline: self.timeline };
         let model = self.model.take().expect("the model is always put back");
         let (passes_kept, guard) = guard.unzip();
-        let (model, updated) = self.placement.update(model, &settings, &mut times, guard);
+        let (model, updated) = self.placement.update(model, grads, &settings, &mut times, guard);
         self.model = Some(model);
         let updated = updated?;
         // Where the loss guarded the update, the device refused it when the
@@ -289,7 +295,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             Ok(loss) if loss.is_finite() => Ok(loss),
             other => {
                 self.overlap.local = None;
-                self.placement.discard_gradients();
+                self.placement.reset(Reset::Gradients);
                 let loss = other?;
                 Err(self.non_finite(step, "loss", loss, local_loss))
             }
