@@ -12,7 +12,7 @@ use drove_collate::{
     Batch, Collator, DistributedSampler, Example, Loader, LoaderConfig, MaskAction, MaskConfig, MaskSeeding,
     MaskSource, Masker, Padding,
 };
-use drove_seed::{Pcg64, Purpose, SampleStreams, StreamKey};
+use drove_seed::{AugmentKey, Pcg64, Purpose, SampleStreams, StreamKey};
 use rand_core::Rng;
 use serde::Serialize;
 
@@ -206,7 +206,7 @@ fn bench_masker(o: &MaskOptions, masker: &Masker) -> Result<Rate, BenchError> {
             })
         }
         MaskSeeding::PerWorker | MaskSeeding::Naive => {
-            let mut rng = StreamKey::augment(SEED, 0, 0, 0).pcg64();
+            let mut rng = StreamKey::augment(AugmentKey { seed: SEED, rank: 0, worker: 0, epoch: 0 }).pcg64();
             measure(o.seconds, || {
                 work.copy_from_slice(&pristine);
                 for ((ids, m), a) in
@@ -227,7 +227,7 @@ fn bench_masker(o: &MaskOptions, masker: &Masker) -> Result<Rate, BenchError> {
 fn bench_collate(o: &MaskOptions, data: &[Example], masker: &Masker) -> Result<Rate, BenchError> {
     let collator = Collator::new(SYNTHETIC_PAD, Padding::Fixed(o.seq), Some(masker.clone()));
     let streams = SampleStreams::new(SEED, Purpose::Augment, 0);
-    let mut rng: Pcg64 = StreamKey::augment(SEED, 0, 0, 0).pcg64();
+    let mut rng: Pcg64 = StreamKey::augment(AugmentKey { seed: SEED, rank: 0, worker: 0, epoch: 0 }).pcg64();
     let tokens = (o.batch * o.seq) as u64;
     let mut batch = Batch::default();
     let mut refs: Vec<&Example> = Vec::with_capacity(o.batch);
@@ -311,7 +311,7 @@ fn bench_copy(o: &MaskOptions) -> Rate {
 /// Sequential Pcg64 draws, `batch x seq` per iteration (one per masked position).
 fn bench_rng(o: &MaskOptions) -> Rate {
     let n = (o.batch * o.seq) as u64;
-    let mut rng = StreamKey::augment(SEED, 0, 0, 0).pcg64();
+    let mut rng = StreamKey::augment(AugmentKey { seed: SEED, rank: 0, worker: 0, epoch: 0 }).pcg64();
     let mut sum = 0u64;
     let rate = measure(o.seconds, || {
         for _ in 0..n {

@@ -10,7 +10,7 @@
 //! positions applied after `k` steps are always a prefix of the order: the
 //! epoch's progress is one number, whatever the world sizes were.
 
-use drove_seed::StreamKey;
+use drove_seed::{ShuffleKey, StreamKey};
 use rand_core::Rng;
 
 /// A rank that does not fit the world, or an empty world.
@@ -142,7 +142,7 @@ impl DistributedSampler {
     pub fn epoch_order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
-            let mut rng = StreamKey::shuffle(self.seed, self.epoch).pcg64();
+            let mut rng = StreamKey::shuffle(ShuffleKey { seed: self.seed, epoch: self.epoch }).pcg64();
             shuffle(&mut order, &mut rng);
         }
         order
