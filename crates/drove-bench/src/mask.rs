@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use drove_collate::diag::{self, SYNTHETIC_MASK, SYNTHETIC_PAD, SYNTHETIC_VOCAB};
 use drove_collate::{
     Batch, Collator, DistributedSampler, Example, Loader, LoaderConfig, MaskAction, MaskConfig, MaskSeeding,
-    MaskSource, Masker, Padding,
+    MaskSource, Masker, Padding, SamplerOptions,
 };
 use drove_seed::{AugmentKey, Pcg64, Purpose, SampleStreams, StreamKey};
 use rand_core::Rng;
@@ -266,7 +266,9 @@ fn bench_loader(
     workers: usize,
 ) -> Result<Rate, BenchError> {
     let collator = Arc::new(Collator::new(SYNTHETIC_PAD, Padding::Fixed(o.seq), Some(masker.clone())));
-    let sampler = DistributedSampler::new(data.len(), 1, 0, SEED).doing("building the sampler")?;
+    let sampler =
+        DistributedSampler::new(data.len(), SamplerOptions { seed: SEED, ..SamplerOptions::default() })
+            .doing("building the sampler")?;
     let config = LoaderConfig {
         batch_size: o.batch,
         workers,
