@@ -10,6 +10,7 @@ use std::sync::Arc;
 use drove::collate::diag;
 use drove::collate::{
     Collator, DistributedSampler, Example, Loader, LoaderConfig, MaskConfig, MaskSeeding, Masker, Padding,
+    SamplerOptions,
 };
 use drove::diagnostic::{AgreementAccumulator, RowMasks, expected_agreement};
 
@@ -37,7 +38,11 @@ fn mean_agreement(data: &Arc<[Example]>, seeding: MaskSeeding) -> f64 {
     // Each "rank" runs its own loader over its own shard.
     let masks: Vec<Vec<RowMasks>> = (0..WORLD)
         .map(|rank| {
-            let sampler = DistributedSampler::new(data.len(), WORLD, rank, 42).expect("rank < world");
+            let sampler = DistributedSampler::new(
+                data.len(),
+                SamplerOptions { world_size: WORLD, rank, seed: 42, ..SamplerOptions::default() },
+            )
+            .expect("rank < world");
             let loader =
                 Loader::new(Arc::clone(data), sampler, Arc::clone(&collator), config).expect("valid loader");
             loader.epoch(0).map(|batch| RowMasks::from(&batch.expect("batch"))).collect()

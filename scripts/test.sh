@@ -77,6 +77,10 @@ echo "test: the file-level import-cycle checker (python3 -m unittest)"
 python3 -m unittest discover -s scripts -p 'test_module_cycles.py'
 echo "test: no file imports another in a circle (scripts/module_cycles.py)"
 python3 scripts/module_cycles.py
+echo "test: the one-name-a-type check (python3 -m unittest)"
+python3 -m unittest discover -s scripts -p 'test_type_names.py'
+echo "test: no two public types share a name (scripts/type_names.py)"
+python3 scripts/type_names.py
 echo "test: the dependency checker (python3 -m unittest)"
 python3 -m unittest discover -s scripts -p 'test_check_architecture.py'
 echo "test: ARCHITECTURE.md's \"must never depend on\" rules hold, and no Cargo cycle (scripts/check_architecture.py)"

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use drove_launch::{CoordinatorSource, LaunchEnv};
-use drove_metrics::{Delivery, MetricsRecorder, RecorderOptions};
+use drove_metrics::{Delivery, MetricsRecorder, Reading, RecorderOptions, RecorderTarget};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -68,7 +68,7 @@ impl Metrics {
             },
             ..defaults
         };
-        let recorder = MetricsRecorder::new(address, token, run_id, rank, options)
+        let recorder = MetricsRecorder::new(RecorderTarget { address, token, run_id, rank }, options)
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Ok(Metrics::around(recorder, address, run_id, rank))
     }
@@ -100,7 +100,7 @@ impl Metrics {
 
     /// Records `value` of `name` at `step` (buffered; returns at once).
     fn record(&self, step: f64, name: &str, value: f64) -> PyResult<()> {
-        self.with(|r| r.record(step, name, value))
+        self.with(|r| r.record(Reading { step, name, value }))
     }
 
     /// Records an event of the run (e.g. `diversity_alarm`) at once, waiting

@@ -2,7 +2,7 @@
 //! (seed, epoch) through drove-seed's shuffle stream, the same on every rank
 //! and in Rust, sharded by stride and padded (or truncated) to equal shards.
 
-use drove_collate::{DistributedSampler as Inner, Remainder};
+use drove_collate::{DistributedSampler as Inner, Remainder, SamplerOptions};
 use numpy::PyArray1;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -24,13 +24,12 @@ impl Sampler {
         shuffle: bool,
         drop_last: bool,
     ) -> PyResult<Self> {
-        let inner = Inner::new(len, world_size, rank, seed)
-            .map_err(|e| {
+        let remainder = if drop_last { Remainder::Drop } else { Remainder::Pad };
+        let inner =
+            Inner::new(len, SamplerOptions { world_size, rank, seed, shuffle, remainder }).map_err(|e| {
                 let argument = if world_size == 0 { "world_size" } else { "rank" };
                 PyValueError::new_err(format!("{argument}: {e}"))
-            })?
-            .shuffle(shuffle)
-            .remainder(if drop_last { Remainder::Drop } else { Remainder::Pad });
+            })?;
         Ok(Sampler(Mutex::new(inner)))
     }
 

@@ -5,7 +5,7 @@
 //! Rust crates and `drove seed` do, so a Python program and a Rust one that
 //! name the same key draw the same numbers.
 
-use drove_seed::{DerivedSeed, StreamKey as Key};
+use drove_seed::{AugmentKey, DerivedSeed, DropoutKey, ShuffleKey, StreamKey as Key};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -32,14 +32,19 @@ impl StreamKey {
     #[staticmethod]
     #[pyo3(signature = (*, seed, epoch = 0))]
     fn shuffle(seed: u64, epoch: u64) -> Self {
-        StreamKey(Key::shuffle(seed, epoch))
+        StreamKey(Key::shuffle(ShuffleKey { seed, epoch }))
     }
 
     /// Augmentation (masking): distinct per rank, loader worker and epoch.
     #[staticmethod]
     #[pyo3(signature = (*, seed, rank, worker = 0, epoch = 0))]
     fn augment(seed: u64, rank: u64, worker: u64, epoch: u64) -> PyResult<Self> {
-        Ok(StreamKey(Key::augment(seed, u32_arg("rank", rank)?, u32_arg("worker", worker)?, epoch)))
+        Ok(StreamKey(Key::augment(AugmentKey {
+            seed,
+            rank: u32_arg("rank", rank)?,
+            worker: u32_arg("worker", worker)?,
+            epoch,
+        })))
     }
 
     /// Weight initialisation: the same on every rank.
@@ -53,7 +58,7 @@ impl StreamKey {
     #[staticmethod]
     #[pyo3(signature = (*, seed, rank, epoch = 0))]
     fn dropout(seed: u64, rank: u64, epoch: u64) -> PyResult<Self> {
-        Ok(StreamKey(Key::dropout(seed, u32_arg("rank", rank)?, epoch)))
+        Ok(StreamKey(Key::dropout(DropoutKey { seed, rank: u32_arg("rank", rank)?, step: epoch })))
     }
 
     /// The bug: one stream for every rank, worker and epoch.
@@ -81,9 +86,9 @@ impl StreamKey {
             "shuffle" => {
                 unused("rank", rank.into())?;
                 unused("worker", worker.into())?;
-                Key::shuffle(seed, epoch)
+                Key::shuffle(ShuffleKey { seed, epoch })
             }
-            "augment" => Key::augment(seed, rank, worker, epoch),
+            "augment" => Key::augment(AugmentKey { seed, rank, worker, epoch }),
             "init" => {
                 unused("rank", rank.into())?;
                 unused("worker", worker.into())?;
@@ -92,7 +97,7 @@ impl StreamKey {
             }
             "dropout" => {
                 unused("worker", worker.into())?;
-                Key::dropout(seed, rank, epoch)
+                Key::dropout(DropoutKey { seed, rank, step: epoch })
             }
             "naive" => {
                 unused("rank", rank.into())?;

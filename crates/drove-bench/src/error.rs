@@ -31,6 +31,11 @@ pub enum BenchError {
     /// driver's answer).
     #[error(transparent)]
     Device(#[from] drove_device::DeviceError),
+    /// A collective through drove-nccl failed: the op, and the mesh's error
+    /// or the GPU library's under it.
+    #[cfg(feature = "nccl")]
+    #[error(transparent)]
+    Nccl(#[from] drove_nccl::Error),
     /// A result that is not what it must be (a wrong sum, a figure that is
     /// not a positive number, a rank that failed).
     #[error("{0}")]

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use drove_collate::diag::{self, SYNTHETIC_MASK, SYNTHETIC_PAD, SYNTHETIC_VOCAB};
 use drove_collate::{
     Batch, Collator, DistributedSampler, Example, Loader, LoaderConfig, MaskAction, MaskConfig, MaskSeeding,
-    MaskSource, Masker, Padding,
+    MaskSource, Masker, Padding, SamplerOptions,
 };
-use drove_seed::{Pcg64, Purpose, SampleStreams, StreamKey};
+use drove_seed::{AugmentKey, Pcg64, Purpose, SampleStreams, StreamKey};
 use rand_core::Rng;
 use serde::Serialize;
 
@@ -206,7 +206,7 @@ fn bench_masker(o: &MaskOptions, masker: &Masker) -> Result<Rate, BenchError> {
             })
         }
         MaskSeeding::PerWorker | MaskSeeding::Naive => {
-            let mut rng = StreamKey::augment(SEED, 0, 0, 0).pcg64();
+            let mut rng = StreamKey::augment(AugmentKey { seed: SEED, rank: 0, worker: 0, epoch: 0 }).pcg64();
             measure(o.seconds, || {
                 work.copy_from_slice(&pristine);
                 for ((ids, m), a) in
@@ -227,7 +227,7 @@ fn bench_masker(o: &MaskOptions, masker: &Masker) -> Result<Rate, BenchError> {
 fn bench_collate(o: &MaskOptions, data: &[Example], masker: &Masker) -> Result<Rate, BenchError> {
     let collator = Collator::new(SYNTHETIC_PAD, Padding::Fixed(o.seq), Some(masker.clone()));
     let streams = SampleStreams::new(SEED, Purpose::Augment, 0);
-    let mut rng: Pcg64 = StreamKey::augment(SEED, 0, 0, 0).pcg64();
+    let mut rng: Pcg64 = StreamKey::augment(AugmentKey { seed: SEED, rank: 0, worker: 0, epoch: 0 }).pcg64();
     let tokens = (o.batch * o.seq) as u64;
     let mut batch = Batch::default();
     let mut refs: Vec<&Example> = Vec::with_capacity(o.batch);
@@ -266,7 +266,9 @@ fn bench_loader(
     workers: usize,
 ) -> Result<Rate, BenchError> {
     let collator = Arc::new(Collator::new(SYNTHETIC_PAD, Padding::Fixed(o.seq), Some(masker.clone())));
-    let sampler = DistributedSampler::new(data.len(), 1, 0, SEED).doing("building the sampler")?;
+    let sampler =
+        DistributedSampler::new(data.len(), SamplerOptions { seed: SEED, ..SamplerOptions::default() })
+            .doing("building the sampler")?;
     let config = LoaderConfig {
         batch_size: o.batch,
         workers,
@@ -311,7 +313,7 @@ fn bench_copy(o: &MaskOptions) -> Rate {
 /// Sequential Pcg64 draws, `batch x seq` per iteration (one per masked position).
 fn bench_rng(o: &MaskOptions) -> Rate {
     let n = (o.batch * o.seq) as u64;
-    let mut rng = StreamKey::augment(SEED, 0, 0, 0).pcg64();
+    let mut rng = StreamKey::augment(AugmentKey { seed: SEED, rank: 0, worker: 0, epoch: 0 }).pcg64();
     let mut sum = 0u64;
     let rate = measure(o.seconds, || {
         for _ in 0..n {

@@ -119,8 +119,7 @@ mod suite {
     pub fn run(o: &NcclOptions, mesh: &dyn Collective) -> Result<NcclReport, BenchError> {
         let nccl = Nccl::new(o.gpu).doing("opening NCCL")?;
         let stream = nccl.stream() as drove_device::cuda::CUstream;
-        let comm = DeviceComm::connect(mesh, nccl, DeviceOptions::default())
-            .map_err(|e| BenchError::Device(drove_device::DeviceError::Gpu(e.to_string())))?;
+        let comm = DeviceComm::connect(mesh, nccl, DeviceOptions::default())?;
         let name = device_name(o.gpu)?;
         let sizes = o
             .sizes
@@ -153,8 +152,7 @@ mod suite {
         let time_allreduce = || -> Result<f64, BenchError> {
             let t = std::time::Instant::now();
             // SAFETY: `a` is a live allocation of `len` f32s used by nothing else.
-            unsafe { comm.all_reduce(mesh, "bench", slice, ReduceOptions::sum()) }
-                .map_err(|e| BenchError::Device(drove_device::DeviceError::Gpu(e.to_string())))?;
+            unsafe { comm.all_reduce(mesh, "bench", slice, ReduceOptions::sum()) }?;
             Ok(t.elapsed().as_secs_f64())
         };
         // SAFETY: the stream is NCCL's, idle between the all-reduces.

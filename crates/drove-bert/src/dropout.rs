@@ -32,14 +32,14 @@ use drove_kernels::transfer;
 
 /// This thread's dropout stream: seed, first batch row, calls made since seeding.
 #[derive(Clone, Copy)]
-struct Stream {
+struct DropoutStream {
     seed: u64,
     first_row: u64,
     calls: u64,
 }
 
 thread_local! {
-    static STATE: Cell<Stream> = const { Cell::new(Stream { seed: 0x9E37_79B9_7F4A_7C15, first_row: 0, calls: 0 }) };
+    static STATE: Cell<DropoutStream> = const { Cell::new(DropoutStream { seed: 0x9E37_79B9_7F4A_7C15, first_row: 0, calls: 0 }) };
 }
 
 /// Where dropout masks are drawn on a GPU backend; the masks are the same.
@@ -75,14 +75,14 @@ pub fn seed_dropout(seed: u64) {
 /// Restarts this thread's dropout stream at `seed`, for a forward pass over
 /// the rows of a batch from `first_row` on (a micro-batch).
 pub fn seed_dropout_rows(seed: u64, first_row: usize) {
-    STATE.with(|s| s.set(Stream { seed, first_row: first_row as u64, calls: 0 }));
+    STATE.with(|s| s.set(DropoutStream { seed, first_row: first_row as u64, calls: 0 }));
 }
 
 /// The mask of this thread's next dropout call (the call counted).
 fn next_mask(keep: f64) -> Mask {
     let stream = STATE.with(|cell| {
         let s = cell.get();
-        cell.set(Stream { calls: s.calls + 1, ..s });
+        cell.set(DropoutStream { calls: s.calls + 1, ..s });
         s
     });
     Mask { seed: stream.seed, call: stream.calls, first_row: stream.first_row, keep }

@@ -28,14 +28,14 @@ pub struct LoadReport {
 /// A tensor's values (f32) and shape.
 type Values = (Vec<f32>, Vec<usize>);
 
-struct Source<'a> {
+struct TensorFile<'a> {
     path: PathBuf,
     tensors: SafeTensors<'a>,
     prefix: &'static str,
     used: BTreeSet<String>,
 }
 
-impl Source<'_> {
+impl TensorFile<'_> {
     /// The tensor `name` (with or without `bert.`), as f32 values and shape.
     fn get(&mut self, name: &str, expected: &[usize]) -> Result<Option<Values>, BertError> {
         let full = format!("{}{name}", self.prefix);
@@ -97,8 +97,8 @@ pub fn load_safetensors<B: Backend>(
         message: format!("not a safetensors file: header: {e}"),
     })?;
     let prefix = if tensors.names().iter().any(|n| n.starts_with("bert.")) { "bert." } else { "" };
-    let src = Source { path: path.to_path_buf(), tensors, prefix, used: BTreeSet::new() };
-    let mut loader = Loader { src, report: LoadReport::default(), device };
+    let src = TensorFile { path: path.to_path_buf(), tensors, prefix, used: BTreeSet::new() };
+    let mut loader = ModelLoader { src, report: LoadReport::default(), device };
     loader.embeddings(&mut model.bert.embeddings)?;
     for (i, l) in model.bert.layers.iter_mut().enumerate() {
         loader.layer(&format!("encoder.layer.{i}."), l)?;
@@ -111,15 +111,15 @@ pub fn load_safetensors<B: Backend>(
     Ok(loader.finish())
 }
 
-/// Sets the model's parameters from a [`Source`], one by one, and counts what
+/// Sets the model's parameters from a [`TensorFile`], one by one, and counts what
 /// it loaded and missed.
-struct Loader<'a, 'd, B: Backend> {
-    src: Source<'a>,
+struct ModelLoader<'a, 'd, B: Backend> {
+    src: TensorFile<'a>,
     report: LoadReport,
     device: &'d B::Device,
 }
 
-impl<B: Backend> Loader<'_, '_, B> {
+impl<B: Backend> ModelLoader<'_, '_, B> {
     /// A parameter of any rank, stored in burn's shape; `transpose` for a
     /// linear weight, stored as PyTorch's `[out, in]`.
     fn param<const D: usize>(

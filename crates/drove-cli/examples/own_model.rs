@@ -108,7 +108,7 @@ struct Args {
 
 /// Where the loop stands, saved with each checkpoint.
 #[derive(serde::Serialize)]
-struct LoopState {
+struct LoopPosition {
     steps: u64,
 }
 
@@ -197,7 +197,7 @@ fn train(args: &Args, launched: &Launched) -> anyhow::Result<()> {
             // The metrics up to a checkpoint are delivered before it is written:
             // a restart redoes the steps after it, and loses no point before.
             launched.flush(std::time::Duration::from_secs(30))?;
-            replica.save(root, &LoopState { steps: done }, &[], 2)?;
+            replica.save(root, &LoopPosition { steps: done }, &[], 2)?;
         }
         if args.fail_at_step == Some(done) && rank == args.rank_to_fail && !launched.env().restarted() {
             eprintln!("rank {rank}: killing itself with SIGKILL after step {done} (--fail-at-step)");
@@ -212,7 +212,7 @@ fn train(args: &Args, launched: &Launched) -> anyhow::Result<()> {
         println!("all-reduce overlapped with backward: {overlapped} ({hooked} parameters hooked)");
     }
     if let Some(dir) = &args.save {
-        replica.save(dir, &LoopState { steps: total }, &[], 1)?;
+        replica.save(dir, &LoopPosition { steps: total }, &[], 1)?;
     }
     if let (0, Some(path)) = (rank, &args.scales) {
         std::fs::write(path, scales).map_err(|e| anyhow::anyhow!("--scales {}: {e}", path.display()))?;

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use anyhow::bail;
 use clap::{Args, ValueEnum};
 use drove_seed::rand_core::Rng;
-use drove_seed::{DerivedSeed, Purpose, SampleStreams, StreamKey};
+use drove_seed::{AugmentKey, DerivedSeed, DropoutKey, Purpose, SampleStreams, ShuffleKey, StreamKey};
 use serde::Serialize;
 
 /// Settings of `drove seed`.
@@ -163,9 +163,9 @@ impl SeedArgs {
                     "a shuffle key",
                     "the sampler order must be the same on every rank and worker",
                 )?;
-                StreamKey::shuffle(seed, e)
+                StreamKey::shuffle(ShuffleKey { seed, epoch: e })
             }
-            PurposeArg::Augment => StreamKey::augment(seed, r, w, e),
+            PurposeArg::Augment => StreamKey::augment(AugmentKey { seed, rank: r, worker: w, epoch: e }),
             PurposeArg::Init => {
                 reject(
                     &[("rank", rank), ("worker", worker), ("epoch", epoch)],
@@ -176,7 +176,7 @@ impl SeedArgs {
             }
             PurposeArg::Dropout => {
                 reject(&[("worker", worker)], "a dropout key", "dropout streams are per rank and epoch")?;
-                StreamKey::dropout(seed, r, e)
+                StreamKey::dropout(DropoutKey { seed, rank: r, step: e })
             }
             PurposeArg::Naive => {
                 reject(

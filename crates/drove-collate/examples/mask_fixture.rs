@@ -6,7 +6,7 @@
 //! worlds, for the Python package's `DistributedSampler` to match.
 //!
 //! `cargo run -p drove-collate --example mask_fixture > masks.json`
-use drove_collate::{DistributedSampler, MaskAction, MaskConfig, Masker, Remainder};
+use drove_collate::{DistributedSampler, MaskAction, MaskConfig, Masker, Remainder, SamplerOptions};
 use drove_seed::{Purpose, SampleStreams};
 
 /// One row: `[CLS] tokens [SEP] [PAD]...`, its maskable positions and, for
@@ -88,9 +88,11 @@ fn samplers() -> Result<Vec<String>, Box<dyn std::error::Error>> {
         [(10usize, 3usize, 42u64, 0u64, true, false), (10, 3, 42, 1, true, true), (17, 4, 7, 5, false, false)]
     {
         for rank in 0..world {
-            let mut sampler = DistributedSampler::new(len, world, rank, seed)?
-                .shuffle(shuffle)
-                .remainder(if drop_last { Remainder::Drop } else { Remainder::Pad });
+            let remainder = if drop_last { Remainder::Drop } else { Remainder::Pad };
+            let mut sampler = DistributedSampler::new(
+                len,
+                SamplerOptions { world_size: world, rank, seed, shuffle, remainder },
+            )?;
             sampler.set_epoch(epoch);
             out.push(format!(
                 "{{\"len\":{len},\"world_size\":{world},\"rank\":{rank},\"seed\":{seed},\"epoch\":{epoch},\

@@ -2,7 +2,7 @@
 //! or fixed padding, labels aligned with [`IGNORE_LABEL`] on padding, masking of
 //! the inputs as augmentation, and length-bucketed batching.
 
-use drove_seed::{Pcg64, SampleStreams, StreamKey};
+use drove_seed::{Pcg64, SampleStreams, ShuffleKey, StreamKey};
 
 use crate::example::IGNORE_LABEL;
 use crate::mask::{MaskAction, Masker};
@@ -319,7 +319,7 @@ pub fn make_batches(
     // Keep a short last batch last, so batch sizes agree across ranks step by step.
     let short = batches.last().is_some_and(|b| b.len() < batch_size);
     let full = if short { batches.len() - 1 } else { batches.len() };
-    let mut rng = StreamKey::shuffle(seed, epoch).with_lane(1).pcg64();
+    let mut rng = StreamKey::shuffle(ShuffleKey { seed, epoch }).with_lane(1).pcg64();
     shuffle(&mut batches[..full], &mut rng);
     batches
 }

@@ -12,7 +12,7 @@ use rand_core::Rng;
 use crate::batch::{Batch, Collator, Example, Padding};
 use crate::loader::{Loader, LoaderConfig, LoaderError, MaskSeeding};
 use crate::mask::{MaskConfig, MaskConfigError, Masker};
-use crate::sampler::{DistributedSampler, SamplerError, below};
+use crate::sampler::{DistributedSampler, SamplerError, SamplerOptions, below};
 
 /// A batch's masks, as the diagnostic compares them.
 impl From<&Batch> for RowMasks {
@@ -153,7 +153,10 @@ pub fn simulate(sim: &Simulation) -> Result<AgreementReport, SimulationError> {
     };
     let mut per_rank: Vec<Vec<RowMasks>> = Vec::with_capacity(sim.world_size);
     for rank in 0..sim.world_size {
-        let sampler = DistributedSampler::new(data.len(), sim.world_size, rank, sim.seed)?;
+        let sampler = DistributedSampler::new(
+            data.len(),
+            SamplerOptions { world_size: sim.world_size, rank, seed: sim.seed, ..SamplerOptions::default() },
+        )?;
         let loader = Loader::new(Arc::clone(&data), sampler, Arc::clone(&collator), config)?;
         let masks =
             loader.epoch(sim.epoch).map(|b| b.map(|b| RowMasks::from(&b))).collect::<Result<_, _>>()?;

@@ -52,6 +52,6 @@ pub use conll::{ConllError, Corpus, LabelSet, Sentence, TagScheme, read_conll};
 pub use example::IGNORE_LABEL;
 pub use loader::{Epoch, Loader, LoaderConfig, LoaderError, MaskSeeding};
 pub use mask::{MaskAction, MaskConfig, MaskConfigError, Masker};
-pub use sampler::{DistributedSampler, Remainder, SamplerError};
+pub use sampler::{DistributedSampler, Remainder, SamplerError, SamplerOptions};
 #[cfg(feature = "tokenize")]
 pub use tokenize::{SpecialTokens, TokenizeError, WordPieceTokenizer};

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
-use drove_seed::{Pcg64, Purpose, SampleStreams, StreamKey};
+use drove_seed::{AugmentKey, Pcg64, Purpose, SampleStreams, StreamKey};
 
 use crate::batch::{Batch, Bucketing, CollateError, Collator, Example, MaskSource, make_batches};
 use crate::sampler::DistributedSampler;
@@ -185,9 +185,12 @@ impl Loader {
         (0..self.config.workers)
             .map(|w| match self.config.seeding {
                 MaskSeeding::PerSample => SampleStreams::new(self.config.seed, Purpose::Augment, epoch).key(),
-                MaskSeeding::PerWorker => {
-                    StreamKey::augment(self.config.seed, self.sampler.rank() as u32, w as u32, epoch)
-                }
+                MaskSeeding::PerWorker => StreamKey::augment(AugmentKey {
+                    seed: self.config.seed,
+                    rank: self.sampler.rank() as u32,
+                    worker: w as u32,
+                    epoch,
+                }),
                 MaskSeeding::Naive => StreamKey::naive(self.config.seed),
             })
             .collect()

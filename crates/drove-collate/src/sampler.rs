@@ -10,7 +10,7 @@
 //! positions applied after `k` steps are always a prefix of the order: the
 //! epoch's progress is one number, whatever the world sizes were.
 
-use drove_seed::StreamKey;
+use drove_seed::{ShuffleKey, StreamKey};
 use rand_core::Rng;
 
 /// A rank that does not fit the world, or an empty world.
@@ -38,6 +38,43 @@ pub enum Remainder {
     Drop,
 }
 
+/// A [`DistributedSampler`]'s place in its world and how it orders, by
+/// name: the Python `Sampler`'s keywords (`world_size=`, `rank=`, `seed=`,
+/// `shuffle=`, `drop_last=`) and PyTorch's `DistributedSampler`'s
+/// arguments. Named fields, so that a dataset length, a world size and a
+/// rank (three `usize`s) cannot swap by position.
+///
+/// The default is PyTorch's: seed 0, shuffled, padded; in a world of one
+/// (rank 0 of 1). A distributed run names its `world_size` and `rank`:
+///
+/// ```
+/// use drove_collate::{DistributedSampler, SamplerOptions};
+///
+/// let options = SamplerOptions { world_size: 4, rank: 1, seed: 42, ..SamplerOptions::default() };
+/// let sampler = DistributedSampler::new(1000, options)?;
+/// assert_eq!(sampler.indices().len(), 250);
+/// # Ok::<(), drove_collate::SamplerError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SamplerOptions {
+    /// How many ranks share the dataset (at least 1).
+    pub world_size: usize,
+    /// This rank (below `world_size`).
+    pub rank: usize,
+    /// The base seed of the shuffle stream (the same on every rank).
+    pub seed: u64,
+    /// Whether each epoch's order is shuffled (else `0..len`).
+    pub shuffle: bool,
+    /// How shards are made equal when the world does not divide the dataset.
+    pub remainder: Remainder,
+}
+
+impl Default for SamplerOptions {
+    fn default() -> Self {
+        SamplerOptions { world_size: 1, rank: 0, seed: 0, shuffle: true, remainder: Remainder::Pad }
+    }
+}
+
 /// One rank's view of a shuffled, sharded dataset.
 #[derive(Clone, Debug)]
 pub struct DistributedSampler {
@@ -53,24 +90,17 @@ pub struct DistributedSampler {
 }
 
 impl DistributedSampler {
-    /// A sampler over `len` samples for `rank` of `world_size`, shuffling with `seed`.
-    pub fn new(len: usize, world_size: usize, rank: usize, seed: u64) -> Result<Self, SamplerError> {
+    /// A sampler over `len` samples, placed and ordered by `options`; an
+    /// error for an empty world or a rank outside it.
+    pub fn new(len: usize, options: SamplerOptions) -> Result<Self, SamplerError> {
+        let SamplerOptions { world_size, rank, seed, shuffle, remainder } = options;
         if world_size == 0 {
             return Err(SamplerError::EmptyWorld);
         }
         if rank >= world_size {
             return Err(SamplerError::RankOutOfRange { rank, world_size });
         }
-        Ok(DistributedSampler {
-            len,
-            world_size,
-            rank,
-            shuffle: true,
-            seed,
-            remainder: Remainder::Pad,
-            epoch: 0,
-            start: 0,
-        })
+        Ok(DistributedSampler { len, world_size, rank, shuffle, seed, remainder, epoch: 0, start: 0 })
     }
 
     /// Shards only the positions from `position` on of each epoch's order
@@ -90,18 +120,6 @@ impl DistributedSampler {
     /// Number of real (unpadded) positions this sampler's world shares.
     pub fn remaining(&self) -> usize {
         self.len - self.start
-    }
-
-    /// Turns shuffling on or off (on by default).
-    pub fn shuffle(mut self, shuffle: bool) -> Self {
-        self.shuffle = shuffle;
-        self
-    }
-
-    /// How to make shards equal (padding by default).
-    pub fn remainder(mut self, remainder: Remainder) -> Self {
-        self.remainder = remainder;
-        self
     }
 
     /// Sets the epoch: the order changes with it, identically on every rank.
@@ -142,7 +160,7 @@ impl DistributedSampler {
     pub fn epoch_order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
-            let mut rng = StreamKey::shuffle(self.seed, self.epoch).pcg64();
+            let mut rng = StreamKey::shuffle(ShuffleKey { seed: self.seed, epoch: self.epoch }).pcg64();
             shuffle(&mut order, &mut rng);
         }
         order

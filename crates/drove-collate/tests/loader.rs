@@ -6,7 +6,7 @@ use drove_collate::diag::{SYNTHETIC_MASK, SYNTHETIC_PAD, SYNTHETIC_VOCAB, synthe
 use drove_collate::{
     Batch, Bucketing, CollateError, Collator, DistributedSampler, Example, IGNORE_LABEL, Loader,
     LoaderConfig, LoaderError, MaskAction, MaskConfig, MaskSeeding, MaskSource, Masker, Padding,
-    make_batches,
+    SamplerOptions, make_batches,
 };
 
 fn masker() -> Masker {
@@ -110,7 +110,11 @@ fn masks_by_sample(
         Arc::new(Collator::new(SYNTHETIC_PAD, Padding::Longest { multiple_of: 8 }, Some(masker())));
     let mut out = HashMap::new();
     for rank in 0..world {
-        let sampler = DistributedSampler::new(d.len(), world, rank, 42).unwrap();
+        let sampler = DistributedSampler::new(
+            d.len(),
+            SamplerOptions { world_size: world, rank, seed: 42, ..SamplerOptions::default() },
+        )
+        .unwrap();
         let cfg = LoaderConfig { batch_size: batch, workers, seeding, ..LoaderConfig::default() };
         let loader = Loader::new(Arc::clone(&d), sampler, Arc::clone(&collator), cfg).unwrap();
         for b in loader.epoch(0) {
@@ -141,7 +145,11 @@ fn per_sample_masks_do_not_depend_on_ranks_workers_or_batch_size() {
 fn batches_arrive_in_plan_order_whatever_the_workers() {
     let d = data(300);
     let collator = Arc::new(Collator::new(SYNTHETIC_PAD, Padding::default(), Some(masker())));
-    let sampler = DistributedSampler::new(d.len(), 2, 1, 9).unwrap();
+    let sampler = DistributedSampler::new(
+        d.len(),
+        SamplerOptions { world_size: 2, rank: 1, seed: 9, ..SamplerOptions::default() },
+    )
+    .unwrap();
     for workers in [1, 2, 5] {
         let cfg = LoaderConfig { batch_size: 7, workers, ..LoaderConfig::default() };
         let loader = Loader::new(Arc::clone(&d), sampler.clone(), Arc::clone(&collator), cfg).unwrap();
@@ -158,7 +166,8 @@ fn batches_arrive_in_plan_order_whatever_the_workers() {
 fn per_worker_streams_differ_between_workers_and_naive_ones_do_not() {
     let d = data(64);
     let collator = Arc::new(Collator::new(SYNTHETIC_PAD, Padding::Fixed(64), Some(masker())));
-    let sampler = DistributedSampler::new(d.len(), 1, 0, 9).unwrap();
+    let sampler =
+        DistributedSampler::new(d.len(), SamplerOptions { seed: 9, ..SamplerOptions::default() }).unwrap();
     let chosen_of = |seeding| {
         let cfg = LoaderConfig { batch_size: 8, workers: 2, seeding, ..LoaderConfig::default() };
         let loader = Loader::new(Arc::clone(&d), sampler.clone(), Arc::clone(&collator), cfg).unwrap();
@@ -179,7 +188,8 @@ fn per_worker_streams_differ_between_workers_and_naive_ones_do_not() {
 fn dropping_an_epoch_early_stops_the_workers() {
     let d = data(2000);
     let collator = Arc::new(Collator::new(SYNTHETIC_PAD, Padding::default(), Some(masker())));
-    let sampler = DistributedSampler::new(d.len(), 1, 0, 9).unwrap();
+    let sampler =
+        DistributedSampler::new(d.len(), SamplerOptions { seed: 9, ..SamplerOptions::default() }).unwrap();
     let cfg = LoaderConfig { batch_size: 4, workers: 3, prefetch: 1, ..LoaderConfig::default() };
     let loader = Loader::new(d, sampler, collator, cfg).unwrap();
     let mut epoch = loader.epoch(0);
@@ -192,7 +202,8 @@ fn dropping_an_epoch_early_stops_the_workers() {
 fn bad_loader_settings_are_refused() {
     let d = data(4);
     let collator = Arc::new(Collator::new(SYNTHETIC_PAD, Padding::default(), None));
-    let sampler = DistributedSampler::new(d.len(), 1, 0, 9).unwrap();
+    let sampler =
+        DistributedSampler::new(d.len(), SamplerOptions { seed: 9, ..SamplerOptions::default() }).unwrap();
     let cfg = LoaderConfig { workers: 0, ..LoaderConfig::default() };
     let err = Loader::new(d, sampler, collator, cfg).unwrap_err();
     assert!(matches!(err, LoaderError::Config(_)) && err.to_string().contains("workers"), "{err}");

@@ -1,6 +1,6 @@
 //! Statistics and invariants of the masker.
 use drove_collate::{MaskAction, MaskConfig, MaskConfigError, Masker};
-use drove_seed::{Purpose, SampleStreams, StreamKey};
+use drove_seed::{AugmentKey, Purpose, SampleStreams, StreamKey};
 
 const MASK: u32 = 103;
 const VOCAB: u32 = 30_522;
@@ -15,7 +15,7 @@ fn within_3_sigma(observed: u64, trials: u64, p: f64) -> bool {
 fn chosen_fraction_and_split_are_within_3_sigma_and_specials_never_chosen() {
     let masker = Masker::new(MaskConfig::default(), MASK, VOCAB).unwrap();
     let width = 128;
-    let mut rng = StreamKey::augment(42, 0, 0, 0).pcg64();
+    let mut rng = StreamKey::augment(AugmentKey { seed: 42, rank: 0, worker: 0, epoch: 0 }).pcg64();
     let (mut maskable_n, mut chosen, mut masked, mut random, mut kept) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut row = 0u64;
     while maskable_n < 1_000_000 {
@@ -78,7 +78,7 @@ fn random_tokens_cover_the_vocabulary_uniformly() {
     };
     let vocab = 10;
     let masker = Masker::new(cfg, 3, vocab).unwrap();
-    let mut rng = StreamKey::augment(1, 0, 0, 0).pcg64();
+    let mut rng = StreamKey::augment(AugmentKey { seed: 1, rank: 0, worker: 0, epoch: 0 }).pcg64();
     let mut counts = [0u64; 10];
     let n = 200_000;
     let mut ids = vec![0u32; 1000];
@@ -117,7 +117,7 @@ fn identical_streams_give_identical_patterns_on_different_data() {
         }
     }
     // Different streams do differ.
-    let mut c_rng = StreamKey::augment(42, 1, 0, 0).pcg64();
+    let mut c_rng = StreamKey::augment(AugmentKey { seed: 42, rank: 1, worker: 0, epoch: 0 }).pcg64();
     let mut c_act = vec![MaskAction::None; width];
     let mut c_ids = a_ids.clone();
     let mut differ = 0;
@@ -164,7 +164,7 @@ fn whole_word_masking_chooses_every_subword_of_a_word_together() {
 fn extreme_probabilities() {
     let maskable = vec![false, true, true, true, false];
     let mut actions = vec![MaskAction::None; 5];
-    let mut rng = StreamKey::augment(3, 0, 0, 0).pcg64();
+    let mut rng = StreamKey::augment(AugmentKey { seed: 3, rank: 0, worker: 0, epoch: 0 }).pcg64();
     let all = Masker::new(MaskConfig { probability: 1.0, ..MaskConfig::default() }, MASK, VOCAB).unwrap();
     let none = Masker::new(MaskConfig { probability: 0.0, ..MaskConfig::default() }, MASK, VOCAB).unwrap();
     for _ in 0..100 {

@@ -130,7 +130,7 @@ impl Display for Trigger {
 /// Where a [`Faulty`] collective stands: the stage being counted, its count,
 /// the ops seen, and the op it struck at.
 #[derive(Debug, Default)]
-struct Progress {
+struct FaultState {
     stage: usize,
     count: u64,
     ops: u64,
@@ -148,14 +148,14 @@ type Action<'a, C> = Box<dyn Fn(&C, &str) + Send + Sync + 'a>;
 pub struct Faulty<'a, C: Collective + ?Sized> {
     inner: &'a C,
     trigger: Trigger,
-    progress: Mutex<Progress>,
+    progress: Mutex<FaultState>,
     on_strike: Option<Action<'a, C>>,
 }
 
 impl<'a, C: Collective + ?Sized> Faulty<'a, C> {
     /// `inner`, lost at the op `trigger` names.
     pub fn new(inner: &'a C, trigger: Trigger) -> Self {
-        Faulty { inner, trigger, progress: Mutex::new(Progress::default()), on_strike: None }
+        Faulty { inner, trigger, progress: Mutex::new(FaultState::default()), on_strike: None }
     }
 
     /// Runs `action(inner, op)` once when the fault strikes, before the op
@@ -188,7 +188,7 @@ impl<'a, C: Collective + ?Sized> Faulty<'a, C> {
         self.lock().ops
     }
 
-    fn lock(&self) -> MutexGuard<'_, Progress> {
+    fn lock(&self) -> MutexGuard<'_, FaultState> {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -111,8 +111,8 @@ impl Communicator {
         let host = crate::host_id::host_id(opts.host_id.as_deref());
         let mut mesh = Mesh::connect(generation, rank, world, &listener, addrs, &host, deadline)?;
         drop(listener);
-        let layout = crate::hosts::setup(&mut mesh, opts, deadline)?;
-        let engine = Engine::new(mesh, layout, opts.deadlines(), opts.fault_kill_after_bytes);
+        let topology = crate::hosts::setup(&mut mesh, opts, deadline)?;
+        let engine = Engine::new(mesh, topology, opts.deadlines(), opts.fault_kill_after_bytes);
         let transport = engine.transport();
         tracing::info!(rank, world, "communicator connected: data moves over {transport}");
         let shared = Arc::new(Shared {

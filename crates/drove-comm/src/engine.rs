@@ -8,7 +8,7 @@ use drove_collective::{CommError, OpDesc, agree as check};
 
 use crate::clock::{Clock, Deadlines};
 use crate::hierarchical::{self, HostGroup};
-use crate::hosts::Layout;
+use crate::hosts::Topology;
 use crate::mesh::Mesh;
 use crate::profile::RingProfile;
 use crate::reduction::{Fault, Reduction, scale};
@@ -42,11 +42,11 @@ impl Engine {
         }
     }
 
-    pub fn new(mesh: Mesh, layout: Layout, deadlines: Deadlines, kill_after: Option<u64>) -> Self {
-        let (shm, hosts) = match layout {
-            Layout::Ring => (None, None),
-            Layout::Shared(shm) => (Some(shm), None),
-            Layout::Hierarchical(group) => (None, Some(group)),
+    pub fn new(mesh: Mesh, topology: Topology, deadlines: Deadlines, kill_after: Option<u64>) -> Self {
+        let (shm, hosts) = match topology {
+            Topology::Ring => (None, None),
+            Topology::Shared(shm) => (Some(shm), None),
+            Topology::Hierarchical(group) => (None, Some(group)),
         };
         Engine {
             mesh,

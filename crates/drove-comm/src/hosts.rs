@@ -64,7 +64,7 @@ impl Hosts {
 }
 
 /// How a world moves its data.
-pub(crate) enum Layout {
+pub(crate) enum Topology {
     /// The TCP ring over every rank.
     Ring,
     /// Every rank on one host: one region for the world.
@@ -75,7 +75,7 @@ pub(crate) enum Layout {
 
 /// What the transport setting and the hosts ask for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Plan {
+enum TopologyChoice {
     Ring,
     Shared,
     /// Per-host regions; `required`: fail rather than fall back to the ring.
@@ -84,32 +84,32 @@ enum Plan {
     },
 }
 
-fn plan(transport: Transport, hosts: &Hosts, world: usize) -> Plan {
+fn plan(transport: Transport, hosts: &Hosts, world: usize) -> TopologyChoice {
     let fits = hosts.groups.iter().all(|g| g.len() <= MAX_RANKS);
     match transport {
-        Transport::Tcp => Plan::Ring,
-        _ if world < 2 => Plan::Ring,
-        Transport::Auto | Transport::Hierarchical if hosts.count() == 1 && fits => Plan::Shared,
-        Transport::Auto if hosts.shared() && fits => Plan::Hierarchical { required: false },
-        Transport::Hierarchical if hosts.shared() => Plan::Hierarchical { required: true },
-        Transport::Auto | Transport::Hierarchical => Plan::Ring,
+        Transport::Tcp => TopologyChoice::Ring,
+        _ if world < 2 => TopologyChoice::Ring,
+        Transport::Auto | Transport::Hierarchical if hosts.count() == 1 && fits => TopologyChoice::Shared,
+        Transport::Auto if hosts.shared() && fits => TopologyChoice::Hierarchical { required: false },
+        Transport::Hierarchical if hosts.shared() => TopologyChoice::Hierarchical { required: true },
+        Transport::Auto | Transport::Hierarchical => TopologyChoice::Ring,
     }
 }
 
-/// Chooses the layout from the ranks' host ids (`mesh.host_ids`) and sets up
+/// Chooses the topology from the ranks' host ids (`mesh.host_ids`) and sets up
 /// its shared memory: the lowest rank of each host creates a region for its
 /// host and tells the others its path, and every rank reports whether it could
 /// map its host's. If one could not, every rank falls back to the ring (or,
 /// with [`Transport::Hierarchical`], fails naming the ranks).
-pub(crate) fn setup(mesh: &mut Mesh, opts: &CommOptions, deadline: Instant) -> Result<Layout, CommError> {
+pub(crate) fn setup(mesh: &mut Mesh, opts: &CommOptions, deadline: Instant) -> Result<Topology, CommError> {
     let (rank, world) = (mesh.rank, mesh.world);
     let hosts = Hosts::from_ids(&mesh.host_ids);
     let plan = plan(opts.transport, &hosts, world);
-    if plan == Plan::Ring {
+    if plan == TopologyChoice::Ring {
         if opts.transport == Transport::Hierarchical && world > 1 {
             tracing::info!("no two ranks share a host: the hierarchical all-reduce is the TCP ring");
         }
-        return Ok(Layout::Ring);
+        return Ok(Topology::Ring);
     }
     let group = hosts.group_of(rank).to_vec();
     let local = group.iter().position(|&r| r == rank).expect("a rank is in its host's group");
@@ -165,19 +165,21 @@ pub(crate) fn setup(mesh: &mut Mesh, opts: &CommOptions, deadline: Instant) -> R
         })
         .collect();
     if !failed.is_empty() {
-        if plan == (Plan::Hierarchical { required: true }) {
+        if plan == (TopologyChoice::Hierarchical { required: true }) {
             return Err(CommError::Rendezvous(format!(
                 "DROVE_COMM_TRANSPORT=hierarchical, but shared memory cannot be set up on every host: {}",
                 failed.join("; ")
             )));
         }
         tracing::info!(problems = %failed.join("; "), "shared memory not usable by every rank; using TCP");
-        return Ok(Layout::Ring);
+        return Ok(Topology::Ring);
     }
     Ok(match (plan, mine) {
-        (Plan::Shared, Some(shm)) => Layout::Shared(shm),
-        (Plan::Hierarchical { .. }, shm) => Layout::Hierarchical(HostGroup::new(shm, group, hosts.leaders())),
-        _ => Layout::Ring,
+        (TopologyChoice::Shared, Some(shm)) => Topology::Shared(shm),
+        (TopologyChoice::Hierarchical { .. }, shm) => {
+            Topology::Hierarchical(HostGroup::new(shm, group, hosts.leaders()))
+        }
+        _ => Topology::Ring,
     })
 }
 
@@ -208,16 +210,19 @@ mod tests {
     }
 
     #[test]
-    fn the_layout_follows_the_hosts_and_the_setting() {
+    fn the_topology_follows_the_hosts_and_the_setting() {
         let one = Hosts::from_ids(&ids(&["a", "a", "a"]));
         let two_by_two = Hosts::from_ids(&ids(&["a", "a", "b", "b"]));
         let apart = Hosts::from_ids(&ids(&["a", "b", "c"]));
-        assert_eq!(plan(Transport::Auto, &one, 3), Plan::Shared);
-        assert_eq!(plan(Transport::Auto, &two_by_two, 4), Plan::Hierarchical { required: false });
-        assert_eq!(plan(Transport::Hierarchical, &two_by_two, 4), Plan::Hierarchical { required: true });
-        assert_eq!(plan(Transport::Tcp, &two_by_two, 4), Plan::Ring);
-        assert_eq!(plan(Transport::Auto, &apart, 3), Plan::Ring);
-        assert_eq!(plan(Transport::Hierarchical, &apart, 3), Plan::Ring);
-        assert_eq!(plan(Transport::Tcp, &one, 3), Plan::Ring);
+        assert_eq!(plan(Transport::Auto, &one, 3), TopologyChoice::Shared);
+        assert_eq!(plan(Transport::Auto, &two_by_two, 4), TopologyChoice::Hierarchical { required: false });
+        assert_eq!(
+            plan(Transport::Hierarchical, &two_by_two, 4),
+            TopologyChoice::Hierarchical { required: true }
+        );
+        assert_eq!(plan(Transport::Tcp, &two_by_two, 4), TopologyChoice::Ring);
+        assert_eq!(plan(Transport::Auto, &apart, 3), TopologyChoice::Ring);
+        assert_eq!(plan(Transport::Hierarchical, &apart, 3), TopologyChoice::Ring);
+        assert_eq!(plan(Transport::Tcp, &one, 3), TopologyChoice::Ring);
     }
 }

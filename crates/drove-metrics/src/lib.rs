@@ -19,10 +19,11 @@
 //!   coordinator costs metrics, never the training run.
 //!
 //! ```no_run
-//! use drove_metrics::{MetricsRecorder, RecorderOptions};
+//! use drove_metrics::{MetricsRecorder, Reading, RecorderOptions, RecorderTarget};
 //!
-//! let recorder = MetricsRecorder::new("127.0.0.1:50051", None, "run-1", 0, RecorderOptions::default())?;
-//! recorder.record(1.0, "loss", 2.31);
+//! let target = RecorderTarget { address: "127.0.0.1:50051", token: None, run_id: "run-1", rank: 0 };
+//! let recorder = MetricsRecorder::new(target, RecorderOptions::default())?;
+//! recorder.record(Reading { step: 1.0, name: "loss", value: 2.31 });
 //! let delivery = recorder.close();
 //! if delivery.undelivered() > 0 {
 //!     eprintln!("warning: {delivery}");
@@ -43,4 +44,4 @@ mod recorder;
 pub use drove_proto::metric_names;
 pub use error::RecorderError;
 pub use options::RecorderOptions;
-pub use recorder::{Delivery, MetricsRecorder};
+pub use recorder::{Delivery, MetricsRecorder, Reading, RecorderTarget};

@@ -65,6 +65,35 @@ fn wire_rank(rank: usize) -> i32 {
     i32::try_from(rank).unwrap_or(i32::MAX)
 }
 
+/// Where a [`MetricsRecorder`]'s points go and whose they are, by name (the
+/// Python `Metrics(address, *, run_id, rank, token=None)`): an address, a
+/// token and a run id are three strings that would swap silently by
+/// position. No default: every recorder names its coordinator, run and rank.
+#[derive(Clone, Copy)]
+pub struct RecorderTarget<'a> {
+    /// The coordinator, `host:port` or a URL.
+    pub address: &'a str,
+    /// The run's token, if the coordinator asks for one.
+    pub token: Option<&'a str>,
+    /// The run the points belong to.
+    pub run_id: &'a str,
+    /// The rank recording (see [`MetricsRecorder::set_rank`] for an elastic
+    /// member's next world).
+    pub rank: usize,
+}
+
+/// One metric reading, by name: `name = value` at `step`. Step and value are
+/// both `f64` (the wire's types), so they are named rather than placed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reading<'a> {
+    /// The training step (or any increasing position: a fraction of an epoch).
+    pub step: f64,
+    /// The metric, e.g. one of [`metric_names`](crate::metric_names).
+    pub name: &'a str,
+    /// Its value.
+    pub value: f64,
+}
+
 /// Records metric points of one rank of one run and delivers them to a
 /// coordinator from a background thread (see the crate docs).
 pub struct MetricsRecorder {
@@ -89,16 +118,11 @@ impl std::fmt::Debug for MetricsRecorder {
 }
 
 impl MetricsRecorder {
-    /// A recorder for `rank` of `run_id`, delivering to the coordinator at
-    /// `addr` (`host:port` or a URL) with `token` if given. Connecting waits for
-    /// the first push: a coordinator that is down now is retried later.
-    pub fn new(
-        addr: &str,
-        token: Option<&str>,
-        run_id: &str,
-        rank: usize,
-        options: RecorderOptions,
-    ) -> Result<Self, RecorderError> {
+    /// A recorder for `target`'s rank of its run, delivering to its
+    /// coordinator with its token if given. Connecting waits for the first
+    /// push: a coordinator that is down now is retried later.
+    pub fn new(target: RecorderTarget<'_>, options: RecorderOptions) -> Result<Self, RecorderError> {
+        let RecorderTarget { address: addr, token, run_id, rank } = target;
         options.check()?;
         let shared = Arc::new(Shared::new());
         let pusher = Pusher {
@@ -130,7 +154,8 @@ impl MetricsRecorder {
     }
 
     /// Records `name = value` at `step`; never blocks on the network.
-    pub fn record(&self, step: f64, name: &str, value: f64) {
+    pub fn record(&self, reading: Reading<'_>) {
+        let Reading { step, name, value } = reading;
         let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -260,9 +285,13 @@ mod tests {
             max_backoff: Duration::from_secs(5),
             ..RecorderOptions::default()
         };
-        let r = MetricsRecorder::new("127.0.0.1:1", None, "run", 0, options).unwrap();
+        let r = MetricsRecorder::new(
+            RecorderTarget { address: "127.0.0.1:1", token: None, run_id: "run", rank: 0 },
+            options,
+        )
+        .unwrap();
         for step in 0..10 {
-            r.record(step as f64, "loss", 1.0);
+            r.record(Reading { step: step as f64, name: "loss", value: 1.0 });
         }
         let d = r.close();
         assert_eq!(d.recorded, 10);

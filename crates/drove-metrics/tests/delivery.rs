@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drove_metrics::{MetricsRecorder, RecorderOptions};
+use drove_metrics::{MetricsRecorder, Reading, RecorderOptions, RecorderTarget};
 use drove_proto::v1::{Aggregation, QueryRequest};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -60,13 +60,17 @@ fn points_are_stored_once_even_when_sent_twice() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(&rt, dir.path(), "127.0.0.1:0".parse().unwrap());
     let addr = server.addr();
-    let r = MetricsRecorder::new(&addr.to_string(), None, "once", 3, quick()).unwrap();
+    let r = MetricsRecorder::new(
+        RecorderTarget { address: &addr.to_string(), token: None, run_id: "once", rank: 3 },
+        quick(),
+    )
+    .unwrap();
     for step in 1..=100 {
-        r.record(step as f64, "loss", 1.0 / step as f64);
+        r.record(Reading { step: step as f64, name: "loss", value: 1.0 / step as f64 });
     }
     // The same (rank, name, step) again, as a resend would: acknowledged, not stored.
     for step in 1..=10 {
-        r.record(step as f64, "loss", 99.0);
+        r.record(Reading { step: step as f64, name: "loss", value: 99.0 });
     }
     let d = r.close();
     assert_eq!((d.recorded, d.delivered, d.duplicates, d.undelivered()), (110, 110, 10, 0), "{d:?}");
@@ -82,16 +86,20 @@ fn a_coordinator_restarted_on_its_store_and_port_gets_every_point_once() {
     let dir = tempfile::tempdir().unwrap();
     let addr = free_port();
     // Down when recording starts: the first pushes fail and are retried.
-    let r = MetricsRecorder::new(&addr.to_string(), None, "restart", 0, quick()).unwrap();
+    let r = MetricsRecorder::new(
+        RecorderTarget { address: &addr.to_string(), token: None, run_id: "restart", rank: 0 },
+        quick(),
+    )
+    .unwrap();
     for step in 1..=50 {
-        r.record(step as f64, "loss", 1.0);
+        r.record(Reading { step: step as f64, name: "loss", value: 1.0 });
     }
     let server = start(&rt, dir.path(), addr);
     r.flush(Duration::from_secs(30)).expect("delivered once the coordinator is up");
     rt.block_on(server.shutdown());
     // Down again, mid-run: points wait in the buffer.
     for step in 51..=120 {
-        r.record(step as f64, "loss", 1.0);
+        r.record(Reading { step: step as f64, name: "loss", value: 1.0 });
     }
     let waiting = r.delivery();
     assert_eq!(waiting.delivered, 50, "{waiting:?}");
@@ -107,9 +115,13 @@ fn a_coordinator_restarted_on_its_store_and_port_gets_every_point_once() {
 fn a_coordinator_gone_for_good_costs_only_the_flush_wait() {
     let addr = free_port();
     let options = RecorderOptions { flush_timeout: Duration::from_millis(800), ..quick() };
-    let r = MetricsRecorder::new(&addr.to_string(), None, "gone", 1, options).unwrap();
+    let r = MetricsRecorder::new(
+        RecorderTarget { address: &addr.to_string(), token: None, run_id: "gone", rank: 1 },
+        options,
+    )
+    .unwrap();
     for step in 1..=30 {
-        r.record(step as f64, "loss", 1.0);
+        r.record(Reading { step: step as f64, name: "loss", value: 1.0 });
     }
     let started = Instant::now();
     let d = r.close();

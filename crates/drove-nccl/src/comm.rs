@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use drove_collective::{Collective, CommError, DType, Element, OpDesc, OpKind, ReduceOptions};
 
-use crate::device::{Call, Device, DeviceError, UniqueId};
+use crate::device::{Device, DeviceCall, GpuLibraryError, UniqueId};
 
 /// A failure of a device collective.
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +23,7 @@ pub enum Error {
         op: String,
         /// The device's error.
         #[source]
-        source: DeviceError,
+        source: GpuLibraryError,
     },
 }
 
@@ -170,7 +170,7 @@ impl<D: Device> DeviceComm<D> {
     ) -> Result<(), Error> {
         let mut spec = OpDesc::new(OpKind::AllReduce, name, data.dtype, &[data.len]).reducing(opts);
         spec.problem = scale_problem(&opts);
-        let call = Call::AllReduce {
+        let call = DeviceCall::AllReduce {
             send: data.ptr,
             recv: data.ptr,
             count: data.len,
@@ -195,8 +195,13 @@ impl<D: Device> DeviceComm<D> {
         let mut spec = OpDesc::new(OpKind::Broadcast, name, data.dtype, &[data.len]).from_root(root);
         spec.problem = (root >= self.world)
             .then(|| format!("root {root} is out of range for world size {}", self.world));
-        let call =
-            Call::Broadcast { send: data.ptr, recv: data.ptr, count: data.len, dtype: data.dtype, root };
+        let call = DeviceCall::Broadcast {
+            send: data.ptr,
+            recv: data.ptr,
+            count: data.len,
+            dtype: data.dtype,
+            root,
+        };
         // SAFETY: the caller's promise about `data`.
         unsafe { self.run(mesh, spec, call) }
     }
@@ -215,7 +220,8 @@ impl<D: Device> DeviceComm<D> {
     ) -> Result<(), Error> {
         let mut spec = OpDesc::new(OpKind::AllGather, name, send.dtype, &[1, send.len]);
         spec.problem = pair_problem(send, recv, send.len.checked_mul(self.world), "world x the input");
-        let call = Call::AllGather { send: send.ptr, recv: recv.ptr, count: send.len, dtype: send.dtype };
+        let call =
+            DeviceCall::AllGather { send: send.ptr, recv: recv.ptr, count: send.len, dtype: send.dtype };
         // SAFETY: the caller's promise about both slices.
         unsafe { self.run(mesh, spec, call) }
     }
@@ -236,7 +242,7 @@ impl<D: Device> DeviceComm<D> {
         let mut spec = OpDesc::new(OpKind::ReduceScatter, name, send.dtype, &[send.len]).reducing(opts);
         spec.problem = scale_problem(&opts)
             .or_else(|| pair_problem(recv, send, recv.len.checked_mul(self.world), "world x the output"));
-        let call = Call::ReduceScatter {
+        let call = DeviceCall::ReduceScatter {
             send: send.ptr,
             recv: recv.ptr,
             count: recv.len,
@@ -251,11 +257,11 @@ impl<D: Device> DeviceComm<D> {
     pub fn barrier(&self, mesh: &dyn Collective, name: &str) -> Result<(), Error> {
         let spec = OpDesc::new(OpKind::Barrier, name, DType::I32, &[]);
         // SAFETY: a barrier names no caller memory.
-        unsafe { self.run(mesh, spec, Call::Barrier) }
+        unsafe { self.run(mesh, spec, DeviceCall::Barrier) }
     }
 
     /// Agreement, launch, and a bounded wait.
-    unsafe fn run(&self, mesh: &dyn Collective, spec: OpDesc, call: Call) -> Result<(), Error> {
+    unsafe fn run(&self, mesh: &dyn Collective, spec: OpDesc, call: DeviceCall) -> Result<(), Error> {
         let mut inner = self.lock();
         if let Some(cause) = &inner.broken {
             return Err(CommError::Broken { cause: cause.clone() }.into());
@@ -335,7 +341,7 @@ fn gather_i32(mesh: &dyn Collective, name: &str, value: i32) -> Result<Vec<i32>,
 /// Polls `device` until its last call is done (`Ok(true)`) or `timeout`
 /// passes (`Ok(false)`). Spins briefly (device ops take microseconds), then
 /// backs off to sleeps of at most 200 us.
-fn wait<D: Device>(device: &mut D, timeout: Duration) -> Result<bool, DeviceError> {
+fn wait<D: Device>(device: &mut D, timeout: Duration) -> Result<bool, GpuLibraryError> {
     let deadline = Instant::now() + timeout;
     let mut polls = 0u32;
     loop {

@@ -22,7 +22,7 @@ impl std::fmt::Debug for UniqueId {
 /// NCCL's API (all of it for all-reduce and broadcast; one rank's part for
 /// all-gather and reduce-scatter).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Call {
+pub enum DeviceCall {
     /// `recv = op(send of every rank)`; `send == recv` is in place.
     AllReduce {
         /// Input address.
@@ -78,9 +78,13 @@ pub enum Call {
     Barrier,
 }
 
-/// A failure of the device layer itself.
+/// A failure of the GPU libraries under the device layer: NCCL or the CUDA
+/// driver cannot be loaded, or one of their calls failed (the in-process
+/// stand-in reports its own failures as such calls). Named apart from
+/// drove-device's `DeviceError`, which is what opening and using a training
+/// device fails with.
 #[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
+pub enum GpuLibraryError {
     /// A shared library the device needs cannot be loaded.
     #[error("{library} cannot be loaded: {hint}")]
     MissingLibrary {
@@ -99,10 +103,10 @@ pub enum DeviceError {
     },
 }
 
-impl DeviceError {
+impl GpuLibraryError {
     /// A failed `call` with `message`.
     pub fn call(call: impl Into<String>, message: impl std::fmt::Display) -> Self {
-        DeviceError::Call { call: call.into(), message: message.to_string() }
+        GpuLibraryError::Call { call: call.into(), message: message.to_string() }
     }
 }
 
@@ -114,18 +118,18 @@ impl DeviceError {
 /// and `poll` until done, and `abort` when a deadline passes or a call fails.
 pub trait Device: Send {
     /// Creates the id that joins the communicator (called on rank 0 only).
-    fn unique_id(&mut self) -> Result<UniqueId, DeviceError>;
+    fn unique_id(&mut self) -> Result<UniqueId, GpuLibraryError>;
     /// Starts joining communicator `id` as `rank` of `world`.
-    fn init(&mut self, id: &UniqueId, world: usize, rank: usize) -> Result<(), DeviceError>;
+    fn init(&mut self, id: &UniqueId, world: usize, rank: usize) -> Result<(), GpuLibraryError>;
     /// Enqueues `call`.
     ///
     /// # Safety
     /// Every address in `call` must be valid device memory for the element
     /// counts it names until [`Device::poll`] reports the call done (or the
     /// device is aborted), and must not be written by other work meanwhile.
-    unsafe fn launch(&mut self, call: &Call) -> Result<(), DeviceError>;
+    unsafe fn launch(&mut self, call: &DeviceCall) -> Result<(), GpuLibraryError>;
     /// Whether the last `init` or `launch` has finished (`Ok(false)`: not yet).
-    fn poll(&mut self) -> Result<bool, DeviceError>;
+    fn poll(&mut self) -> Result<bool, GpuLibraryError>;
     /// Aborts the communicator: pending work ends; the device is unusable after.
     fn abort(&mut self);
     /// What this device is, for messages (e.g. `NCCL 2.28.9 on cuda:0`).

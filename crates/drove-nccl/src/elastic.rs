@@ -7,11 +7,11 @@
 use drove_collective::{Collective, Place};
 
 use crate::comm::{DeviceComm, DeviceOptions, Error};
-use crate::device::{Device, DeviceError};
+use crate::device::{Device, GpuLibraryError};
 
 /// Makes the device of one world: given this member's place in it (NCCL:
 /// `|_| Nccl::new(local_rank)`, the same GPU in every world).
-pub type MakeDevice<D> = Box<dyn FnMut(Place) -> Result<D, DeviceError> + Send>;
+pub type MakeDevice<D> = Box<dyn FnMut(Place) -> Result<D, GpuLibraryError> + Send>;
 
 /// The device communicator of an elastic member: one [`DeviceComm`] per
 /// generation, made when the member first asks for that generation's.

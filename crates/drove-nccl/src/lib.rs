@@ -50,7 +50,7 @@ mod loopback;
 mod nccl;
 
 pub use comm::{DeviceComm, DeviceOptions, DeviceSlice, Error};
-pub use device::{Call, Device, DeviceError, UniqueId};
+pub use device::{Device, DeviceCall, GpuLibraryError, UniqueId};
 pub use elastic::{ElasticDevice, MakeDevice};
 pub use loopback::{Loopback, LoopbackWorld};
 #[cfg(feature = "nccl")]

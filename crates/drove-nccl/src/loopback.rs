@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use drove_collective::{DType, ReduceOp, bf16, f16};
 
-use crate::device::{Call, Device, DeviceError, UniqueId};
+use crate::device::{Device, DeviceCall, GpuLibraryError, UniqueId};
 
 /// One op in flight: each rank's launched call and input bytes, and how many
 /// ranks have taken their result.
-type Slots = (Vec<Option<(Call, Vec<u8>)>>, usize);
+type Slots = (Vec<Option<(DeviceCall, Vec<u8>)>>, usize);
 
 #[derive(Default)]
 struct State {
@@ -38,7 +38,7 @@ impl LoopbackWorld {
         let state = State { joined: vec![None; size], aborted: vec![false; size], ..State::default() };
         let world = LoopbackWorld { size, state: Arc::new(Mutex::new(state)) };
         let devices = (0..size)
-            .map(|slot| Loopback { world: world.clone(), slot, rank: None, seq: 0, pending: Pending::Idle })
+            .map(|slot| Loopback { world: world.clone(), slot, rank: None, seq: 0, pending: InFlight::Idle })
             .collect();
         (world, devices)
     }
@@ -63,25 +63,25 @@ impl LoopbackWorld {
     }
 }
 
-enum Pending {
+enum InFlight {
     Idle,
     Init(UniqueId),
-    Op(u64, Call),
+    Op(u64, DeviceCall),
 }
 
-/// One rank's stand-in device. Addresses in its [`Call`]s are host addresses.
+/// One rank's stand-in device. Addresses in its [`DeviceCall`]s are host addresses.
 pub struct Loopback {
     world: LoopbackWorld,
     slot: usize,
     rank: Option<usize>,
     seq: u64,
-    pending: Pending,
+    pending: InFlight,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Device for Loopback {
-    fn unique_id(&mut self) -> Result<UniqueId, DeviceError> {
+    fn unique_id(&mut self) -> Result<UniqueId, GpuLibraryError> {
         self.world.lock().ids_created += 1;
         let mut id = [0u8; 128];
         let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -90,24 +90,24 @@ impl Device for Loopback {
         Ok(UniqueId(id))
     }
 
-    fn init(&mut self, id: &UniqueId, world: usize, rank: usize) -> Result<(), DeviceError> {
+    fn init(&mut self, id: &UniqueId, world: usize, rank: usize) -> Result<(), GpuLibraryError> {
         if world != self.world.size || rank >= world {
-            return Err(DeviceError::call(
+            return Err(GpuLibraryError::call(
                 "loopback init",
                 format!("rank {rank} of {world} in a loopback world of {}", self.world.size),
             ));
         }
         self.world.lock().joined[rank] = Some(*id);
         self.rank = Some(rank);
-        self.pending = Pending::Init(*id);
+        self.pending = InFlight::Init(*id);
         Ok(())
     }
 
-    unsafe fn launch(&mut self, call: &Call) -> Result<(), DeviceError> {
-        let rank = self.rank.ok_or_else(|| DeviceError::call("loopback launch", "not joined"))?;
+    unsafe fn launch(&mut self, call: &DeviceCall) -> Result<(), GpuLibraryError> {
+        let rank = self.rank.ok_or_else(|| GpuLibraryError::call("loopback launch", "not joined"))?;
         let mut state = self.world.lock();
         if state.aborted[self.slot] {
-            return Err(DeviceError::call("loopback launch", "the communicator was aborted"));
+            return Err(GpuLibraryError::call("loopback launch", "the communicator was aborted"));
         }
         // SAFETY: the caller's contract: the input is valid for its count.
         let input = unsafe { input_bytes(call, self.world.size) };
@@ -115,25 +115,28 @@ impl Device for Loopback {
         self.seq += 1;
         let (slots, _) = state.ops.entry(seq).or_insert_with(|| (vec![None; self.world.size], 0));
         slots[rank] = Some((*call, input));
-        self.pending = Pending::Op(seq, *call);
+        self.pending = InFlight::Op(seq, *call);
         Ok(())
     }
 
-    fn poll(&mut self) -> Result<bool, DeviceError> {
+    fn poll(&mut self) -> Result<bool, GpuLibraryError> {
         let rank = self.rank.unwrap_or(self.slot);
         let mut state = self.world.lock();
         if state.aborted[self.slot] {
-            return Err(DeviceError::call("loopback poll", "the communicator was aborted"));
+            return Err(GpuLibraryError::call("loopback poll", "the communicator was aborted"));
         }
         match &self.pending {
-            Pending::Idle => Ok(true),
-            Pending::Init(id) => {
+            InFlight::Idle => Ok(true),
+            InFlight::Init(id) => {
                 if state.joined.iter().any(|j| j.is_some_and(|j| j != *id)) {
-                    return Err(DeviceError::call("loopback init", "ranks joined with different unique ids"));
+                    return Err(GpuLibraryError::call(
+                        "loopback init",
+                        "ranks joined with different unique ids",
+                    ));
                 }
                 Ok(state.joined.iter().all(Option::is_some))
             }
-            Pending::Op(seq, call) => {
+            InFlight::Op(seq, call) => {
                 let (seq, call) = (*seq, *call);
                 let Some((slots, _)) = state.ops.get(&seq) else { return Ok(true) };
                 if slots.iter().any(Option::is_none) {
@@ -142,7 +145,7 @@ impl Device for Loopback {
                 if let Some(r) =
                     slots.iter().position(|s| s.as_ref().is_some_and(|(c, _)| !same_op(c, &call)))
                 {
-                    return Err(DeviceError::call(
+                    return Err(GpuLibraryError::call(
                         "loopback op",
                         format!("rank {r} launched a different op as op #{seq}: {:?}", slots[r]),
                     ));
@@ -151,7 +154,7 @@ impl Device for Loopback {
                     slots.iter().map(|s| s.as_ref().map_or(&[][..], |(_, b)| b)).collect();
                 // SAFETY: the caller's contract: the output is valid for its count.
                 unsafe { complete(&call, rank, &inputs) };
-                self.pending = Pending::Idle;
+                self.pending = InFlight::Idle;
                 let size = self.world.size;
                 if let Some((_, done)) = state.ops.get_mut(&seq) {
                     *done += 1;
@@ -166,7 +169,7 @@ impl Device for Loopback {
 
     fn abort(&mut self) {
         self.world.lock().aborted[self.slot] = true;
-        self.pending = Pending::Idle;
+        self.pending = InFlight::Idle;
     }
 
     fn describe(&self) -> String {
@@ -175,8 +178,8 @@ impl Device for Loopback {
 }
 
 /// Calls agree when everything but the addresses agrees.
-fn same_op(a: &Call, b: &Call) -> bool {
-    use Call::*;
+fn same_op(a: &DeviceCall, b: &DeviceCall) -> bool {
+    use DeviceCall::*;
     match (a, b) {
         (AllReduce { count, dtype, op, .. }, AllReduce { count: c, dtype: d, op: o, .. }) => {
             count == c && dtype == d && op == o
@@ -193,34 +196,33 @@ fn same_op(a: &Call, b: &Call) -> bool {
     }
 }
 
-unsafe fn input_bytes(call: &Call, world: usize) -> Vec<u8> {
+unsafe fn input_bytes(call: &DeviceCall, world: usize) -> Vec<u8> {
     let (ptr, n, dtype) = match *call {
-        Call::AllReduce { send, count, dtype, .. } | Call::Broadcast { send, count, dtype, .. } => {
-            (send, count, dtype)
-        }
-        Call::AllGather { send, count, dtype, .. } => (send, count, dtype),
-        Call::ReduceScatter { send, count, dtype, .. } => (send, count * world, dtype),
-        Call::Barrier => return Vec::new(),
+        DeviceCall::AllReduce { send, count, dtype, .. }
+        | DeviceCall::Broadcast { send, count, dtype, .. } => (send, count, dtype),
+        DeviceCall::AllGather { send, count, dtype, .. } => (send, count, dtype),
+        DeviceCall::ReduceScatter { send, count, dtype, .. } => (send, count * world, dtype),
+        DeviceCall::Barrier => return Vec::new(),
     };
     // SAFETY: the caller's contract.
     unsafe { std::slice::from_raw_parts(ptr as *const u8, n * dtype.size()) }.to_vec()
 }
 
-unsafe fn complete(call: &Call, rank: usize, inputs: &[&[u8]]) {
+unsafe fn complete(call: &DeviceCall, rank: usize, inputs: &[&[u8]]) {
     let write = |ptr: u64, bytes: &[u8]| {
         // SAFETY: the caller's contract on the output address.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr as *mut u8, bytes.len()) }
     };
     match *call {
-        Call::AllReduce { recv, dtype, op, .. } => write(recv, &reduce(dtype, op, inputs)),
-        Call::Broadcast { recv, root, .. } => write(recv, inputs[root]),
-        Call::AllGather { recv, .. } => write(recv, &inputs.concat()),
-        Call::ReduceScatter { recv, count, dtype, op, .. } => {
+        DeviceCall::AllReduce { recv, dtype, op, .. } => write(recv, &reduce(dtype, op, inputs)),
+        DeviceCall::Broadcast { recv, root, .. } => write(recv, inputs[root]),
+        DeviceCall::AllGather { recv, .. } => write(recv, &inputs.concat()),
+        DeviceCall::ReduceScatter { recv, count, dtype, op, .. } => {
             let all = reduce(dtype, op, inputs);
             let part = count * dtype.size();
             write(recv, &all[rank * part..(rank + 1) * part]);
         }
-        Call::Barrier => {}
+        DeviceCall::Barrier => {}
     }
 }
 

@@ -9,16 +9,16 @@ use cudarc::driver::{result as cu, sys as cusys};
 use cudarc::nccl::{result as nccl, sys};
 use drove_collective::{DType, ReduceOp};
 
-use crate::device::{Call, Device, DeviceError, UniqueId};
+use crate::device::{Device, DeviceCall, GpuLibraryError, UniqueId};
 
 /// The libraries a device communicator needs, loaded the way cudarc loads
 /// them; the first that cannot be is named with what to install or set. A
 /// missing library would otherwise panic inside cudarc on first use.
-pub fn require_libraries() -> Result<(), DeviceError> {
+pub fn require_libraries() -> Result<(), GpuLibraryError> {
     // SAFETY: loading a shared library by name runs its initialisers, which
     // for the CUDA driver and NCCL are what using them does anyway.
     if !unsafe { cusys::is_culib_present() } {
-        return Err(DeviceError::MissingLibrary {
+        return Err(GpuLibraryError::MissingLibrary {
             library: "libcuda.so",
             hint:
                 "the NVIDIA driver's library is not on this machine (no GPU driver installed): install the \
@@ -30,7 +30,7 @@ pub fn require_libraries() -> Result<(), DeviceError> {
     // SAFETY: as above.
     if !unsafe { sys::is_culib_present() } {
         let soname_only = libloading_present("libnccl.so.2");
-        return Err(DeviceError::MissingLibrary {
+        return Err(GpuLibraryError::MissingLibrary {
             library: "libnccl.so",
             hint: if soname_only {
                 "libnccl.so.2 is loadable but cudarc opens libnccl.so: create the link \
@@ -87,23 +87,23 @@ pub struct Nccl {
 // time), and every method makes the context current on the calling thread.
 unsafe impl Send for Nccl {}
 
-fn driver(call: &str) -> impl Fn(cu::DriverError) -> DeviceError + '_ {
-    move |e| DeviceError::call(call, format!("{e:?}"))
+fn driver(call: &str) -> impl Fn(cu::DriverError) -> GpuLibraryError + '_ {
+    move |e| GpuLibraryError::call(call, format!("{e:?}"))
 }
 
-fn nccl_error(call: &'static str) -> impl Fn(nccl::NcclError) -> DeviceError {
-    move |e| DeviceError::call(call, format!("{:?}", e.0))
+fn nccl_error(call: &'static str) -> impl Fn(nccl::NcclError) -> GpuLibraryError {
+    move |e| GpuLibraryError::call(call, format!("{:?}", e.0))
 }
 
 impl Nccl {
     /// Opens GPU `ordinal` (its primary context, the one burn's CUDA backend
     /// also uses) after checking that libcuda and libnccl load.
-    pub fn new(ordinal: usize) -> Result<Nccl, DeviceError> {
+    pub fn new(ordinal: usize) -> Result<Nccl, GpuLibraryError> {
         require_libraries()?;
         cu::init().map_err(driver("cuInit"))?;
         let count = cu::device::get_count().map_err(driver("cuDeviceGetCount"))?;
         if ordinal >= count as usize {
-            return Err(DeviceError::call(
+            return Err(GpuLibraryError::call(
                 "cuDeviceGet",
                 format!("GPU {ordinal} asked for but this machine shows {count} (CUDA_VISIBLE_DEVICES?)"),
             ));
@@ -145,7 +145,7 @@ impl Nccl {
         self.ordinal
     }
 
-    fn current(&self) -> Result<(), DeviceError> {
+    fn current(&self) -> Result<(), GpuLibraryError> {
         // SAFETY: `ctx` is retained by `self`.
         unsafe { cu::ctx::set_current(self.ctx) }.map_err(driver("cuCtxSetCurrent"))
     }
@@ -156,7 +156,7 @@ impl Nccl {
 
     /// `ncclCommGetAsyncError`: `Ok(true)` when the communicator is idle and
     /// well, `Ok(false)` while a call is still being enqueued.
-    fn async_state(&self) -> Result<bool, DeviceError> {
+    fn async_state(&self) -> Result<bool, GpuLibraryError> {
         let mut state = sys::ncclResult_t::ncclSuccess;
         // SAFETY: `comm` is a live communicator; `state` is a valid out pointer.
         unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) }
@@ -165,7 +165,7 @@ impl Nccl {
         match state.result() {
             Ok(nccl::NcclStatus::InProgress) => Ok(false),
             Ok(_) => Ok(true),
-            Err(e) => Err(DeviceError::call("NCCL (asynchronous error)", format!("{:?}", e.0))),
+            Err(e) => Err(GpuLibraryError::call("NCCL (asynchronous error)", format!("{:?}", e.0))),
         }
     }
 }
@@ -234,7 +234,7 @@ fn config(out: &mut MaybeUninit<sys::ncclConfig_t>, version: c_int) -> *mut sys:
 }
 
 impl Device for Nccl {
-    fn unique_id(&mut self) -> Result<UniqueId, DeviceError> {
+    fn unique_id(&mut self) -> Result<UniqueId, GpuLibraryError> {
         let id = nccl::get_uniqueid().map_err(nccl_error("ncclGetUniqueId"))?;
         let mut out = [0u8; 128];
         for (o, c) in out.iter_mut().zip(id.internal.iter()) {
@@ -243,7 +243,7 @@ impl Device for Nccl {
         Ok(UniqueId(out))
     }
 
-    fn init(&mut self, id: &UniqueId, world: usize, rank: usize) -> Result<(), DeviceError> {
+    fn init(&mut self, id: &UniqueId, world: usize, rank: usize) -> Result<(), GpuLibraryError> {
         self.current()?;
         let mut raw = sys::ncclUniqueId { internal: [0; 128] };
         for (r, b) in raw.internal.iter_mut().zip(id.0.iter()) {
@@ -259,9 +259,9 @@ impl Device for Nccl {
         Ok(())
     }
 
-    unsafe fn launch(&mut self, call: &Call) -> Result<(), DeviceError> {
+    unsafe fn launch(&mut self, call: &DeviceCall) -> Result<(), GpuLibraryError> {
         if self.aborted || self.comm.is_null() {
-            return Err(DeviceError::call("NCCL", "the communicator is not joined or was aborted"));
+            return Err(GpuLibraryError::call("NCCL", "the communicator is not joined or was aborted"));
         }
         self.current()?;
         let (comm, stream) = (self.comm, self.nccl_stream());
@@ -269,16 +269,16 @@ impl Device for Nccl {
         // SAFETY: the caller's contract on the addresses; `comm` and `stream` are live.
         let r = unsafe {
             match *call {
-                Call::AllReduce { send, recv, count, dtype, op } => {
+                DeviceCall::AllReduce { send, recv, count, dtype, op } => {
                     nccl::all_reduce(p(send), p(recv), count, nccl_dtype(dtype), nccl_op(op), comm, stream)
                 }
-                Call::Broadcast { send, recv, count, dtype, root } => {
+                DeviceCall::Broadcast { send, recv, count, dtype, root } => {
                     nccl::broadcast(p(send), p(recv), count, nccl_dtype(dtype), root as c_int, comm, stream)
                 }
-                Call::AllGather { send, recv, count, dtype } => {
+                DeviceCall::AllGather { send, recv, count, dtype } => {
                     nccl::all_gather(p(send), p(recv), count, nccl_dtype(dtype), comm, stream)
                 }
-                Call::ReduceScatter { send, recv, count, dtype, op } => nccl::reduce_scatter(
+                DeviceCall::ReduceScatter { send, recv, count, dtype, op } => nccl::reduce_scatter(
                     p(send),
                     p(recv),
                     count,
@@ -287,7 +287,7 @@ impl Device for Nccl {
                     comm,
                     stream,
                 ),
-                Call::Barrier => nccl::all_reduce(
+                DeviceCall::Barrier => nccl::all_reduce(
                     p(self.scratch),
                     p(self.scratch),
                     1,
@@ -303,7 +303,7 @@ impl Device for Nccl {
         Ok(())
     }
 
-    fn poll(&mut self) -> Result<bool, DeviceError> {
+    fn poll(&mut self) -> Result<bool, GpuLibraryError> {
         match self.phase {
             Phase::Idle => Ok(true),
             Phase::Joining => {
@@ -325,7 +325,7 @@ impl Device for Nccl {
                         Ok(true)
                     }
                     cusys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-                    other => Err(DeviceError::call("cuStreamQuery", format!("{other:?}"))),
+                    other => Err(GpuLibraryError::call("cuStreamQuery", format!("{other:?}"))),
                 }
             }
         }

@@ -9,7 +9,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use drove_bert::TokenTypes;
 use drove_collate::{
     Batch, Bucketing, Collator, Corpus, DistributedSampler, Example, LabelSet, Loader, LoaderConfig,
-    MaskConfig, Masker, Padding, WordPieceTokenizer, read_conll,
+    MaskConfig, Masker, Padding, SamplerOptions, WordPieceTokenizer, read_conll,
 };
 
 use crate::{DEFAULT_BUCKET_WINDOW, NerError, NerOptions};
@@ -136,9 +136,12 @@ pub(crate) fn training_loader(
             .with_stream_width(opts.max_len),
     );
     let train: Arc<[Example]> = data.train.clone().into();
-    let sampler = DistributedSampler::new(train.len(), world, rank, opts.seed)
-        .map_err(|e| NerError::Options(e.to_string()))?
-        .starting_at(start);
+    let sampler = DistributedSampler::new(
+        train.len(),
+        SamplerOptions { world_size: world, rank, seed: opts.seed, ..SamplerOptions::default() },
+    )
+    .map_err(|e| NerError::Options(e.to_string()))?
+    .starting_at(start);
     Ok(Loader::new(
         train,
         sampler,

@@ -12,7 +12,7 @@ use drove_collate::{Batch, Loader};
 use drove_collective::{Collective, Elastic, Element, ReduceOptions};
 use drove_device::BucketAllReduce;
 use drove_diagnostic::Verdict;
-use drove_seed::StreamKey;
+use drove_seed::{DropoutKey, StreamKey};
 use drove_train::checkpoint::{self, LoopState};
 use drove_train::timeline::{Timeline, Traced, Track};
 use drove_train::{Replica, ReplicaOptions};
@@ -411,7 +411,8 @@ impl<B: AutodiffBackend> Fit<'_, '_, B> {
         let (opts, device) = (self.opts, self.device);
         let rank = self.replica.comm().rank();
         // Dropout draws from this rank's stream for this step.
-        let dropout_seed = StreamKey::dropout(opts.seed, rank as u32, step).derive().words()[0];
+        let dropout_seed =
+            StreamKey::dropout(DropoutKey { seed: opts.seed, rank: rank as u32, step }).derive().words()[0];
         let num_labels = self.data.labels.len();
         let computed = Instant::now();
         // The loss stays where the placement keeps it: it comes with apply.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use drove_metrics::{Delivery, MetricsRecorder, RecorderError, metric_names};
+use drove_metrics::{Delivery, MetricsRecorder, Reading, RecorderError, metric_names};
 
 use crate::{DiagnoseReport, EvalReport, NerOptions, Observer, ReformReport, StepReport};
 
@@ -69,7 +69,7 @@ impl MetricsObserver {
     /// A point, unless the value is NaN or infinite.
     fn record(&self, step: u64, name: &str, value: f64) {
         if value.is_finite() {
-            self.recorder.record(step as f64, name, value);
+            self.recorder.record(Reading { step: step as f64, name, value });
         }
     }
 }
@@ -136,7 +136,7 @@ impl Observer for MetricsObserver {
 
 #[cfg(test)]
 mod tests {
-    use drove_metrics::RecorderOptions;
+    use drove_metrics::{RecorderOptions, RecorderTarget};
 
     use super::*;
 
@@ -145,7 +145,11 @@ mod tests {
         // Nothing listens there: points are recorded and wait, undelivered.
         let options =
             RecorderOptions { flush_timeout: Duration::from_millis(10), ..RecorderOptions::default() };
-        let recorder = MetricsRecorder::new("127.0.0.1:9", None, "test", 0, options).expect("a recorder");
+        let recorder = MetricsRecorder::new(
+            RecorderTarget { address: "127.0.0.1:9", token: None, run_id: "test", rank: 0 },
+            options,
+        )
+        .expect("a recorder");
         let mut observer = MetricsObserver::new(recorder, 0);
         let step = StepReport {
             step: 1,

@@ -82,8 +82,8 @@ impl From<RunEvent> for Event {
     }
 }
 
-impl From<store::Point> for Point {
-    fn from(p: store::Point) -> Point {
+impl From<store::PointRow> for Point {
+    fn from(p: store::PointRow) -> Point {
         Point { name: p.name, step: p.step, rank: p.rank, value: p.value }
     }
 }

@@ -28,19 +28,25 @@
 //! Every derived seed prints as 64 hex digits ([`DerivedSeed`]) and parses back, so a
 //! stream seen in a log can be replayed.
 //!
+//! A constructor with more than one field takes them by name, in a small
+//! struct ([`ShuffleKey`], [`AugmentKey`], [`DropoutKey`]), as the Python
+//! package takes them as keywords: a rank and a worker, or a seed and an
+//! epoch, have the same type and would swap silently by position.
+//!
 //! The bug itself stays available, explicitly, as [`StreamKey::naive`]: one key
 //! for every rank, worker and epoch. It exists for the diagnostic and tests.
 //!
 //! ```
-//! use drove_seed::StreamKey;
+//! use drove_seed::{AugmentKey, StreamKey};
 //! use rand_core::Rng;
 //!
-//! let mut a = StreamKey::augment(42, 0, 0, 0).pcg64();
-//! let mut b = StreamKey::augment(42, 1, 0, 0).pcg64();
+//! let rank0 = AugmentKey { seed: 42, rank: 0, worker: 0, epoch: 0 };
+//! let mut a = StreamKey::augment(rank0).pcg64();
+//! let mut b = StreamKey::augment(AugmentKey { rank: 1, ..rank0 }).pcg64();
 //! assert_ne!(a.next_u64(), b.next_u64());
 //! // The same key is the same stream, in any process.
-//! let mut again = StreamKey::augment(42, 0, 0, 0).pcg64();
-//! let mut a2 = StreamKey::augment(42, 0, 0, 0).pcg64();
+//! let mut again = StreamKey::augment(rank0).pcg64();
+//! let mut a2 = StreamKey::augment(rank0).pcg64();
 //! assert_eq!(again.next_u64(), a2.next_u64());
 //! ```
 #![deny(missing_docs)]
@@ -122,6 +128,44 @@ impl Family {
     }
 }
 
+/// The fields of a shuffle key, by name (see [`StreamKey::shuffle`]): the
+/// base seed and the epoch, two `u64`s that a positional call could swap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShuffleKey {
+    /// Base seed.
+    pub seed: u64,
+    /// Epoch.
+    pub epoch: u64,
+}
+
+/// The fields of an augmentation key, by name (see [`StreamKey::augment`]),
+/// as the Python package takes them as keywords
+/// (`StreamKey.augment(seed=42, rank=1, worker=2, epoch=3)`). Every field
+/// is named and none has a default: a rank or worker left out would give
+/// two processes the same stream, the bug this crate exists to prevent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AugmentKey {
+    /// Base seed.
+    pub seed: u64,
+    /// This process's rank.
+    pub rank: u32,
+    /// The loader worker within the rank.
+    pub worker: u32,
+    /// Epoch.
+    pub epoch: u64,
+}
+
+/// The fields of a dropout key, by name (see [`StreamKey::dropout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DropoutKey {
+    /// Base seed.
+    pub seed: u64,
+    /// This process's rank.
+    pub rank: u32,
+    /// The training step (the key's epoch field).
+    pub step: u64,
+}
+
 /// The full name of a random stream. Two different keys give independent streams;
 /// the same key gives the same stream in every process, on every platform.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,13 +189,15 @@ impl StreamKey {
 
     /// The sampler's order for an epoch: the same on every rank, by construction
     /// (the key has no rank).
-    pub fn shuffle(seed: u64, epoch: u64) -> Self {
+    pub fn shuffle(key: ShuffleKey) -> Self {
+        let ShuffleKey { seed, epoch } = key;
         Self::new(seed, Purpose::Shuffle, Family::Sequential, 0, 0, epoch)
     }
 
     /// Augmentation stream of loader `worker` on `rank` in `epoch`: distinct for
     /// every (rank, worker, epoch).
-    pub fn augment(seed: u64, rank: u32, worker: u32, epoch: u64) -> Self {
+    pub fn augment(key: AugmentKey) -> Self {
+        let AugmentKey { seed, rank, worker, epoch } = key;
         Self::new(seed, Purpose::Augment, Family::Sequential, rank, worker, epoch)
     }
 
@@ -164,7 +210,8 @@ impl StreamKey {
     /// (drove-ner keys each training step's dropout by its global step). The
     /// step takes the key's epoch field, so `drove seed --purpose dropout`
     /// names it `--epoch`.
-    pub fn dropout(seed: u64, rank: u32, step: u64) -> Self {
+    pub fn dropout(key: DropoutKey) -> Self {
+        let DropoutKey { seed, rank, step } = key;
         Self::new(seed, Purpose::Dropout, Family::Sequential, rank, 0, step)
     }
 

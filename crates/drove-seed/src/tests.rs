@@ -3,13 +3,15 @@ use rand_core::Rng;
 
 /// `augment seed=42 rank=1 worker=3 epoch=5`.
 fn golden_key() -> StreamKey {
-    StreamKey::augment(42, 1, 3, 5)
+    StreamKey::augment(AugmentKey { seed: 42, rank: 1, worker: 3, epoch: 5 })
 }
 
 #[test]
 fn key_words_have_every_field_at_a_fixed_place() {
     assert_eq!(golden_key().words(), [0x6472_6f76, 1, 2, 0, 42, 0, 1, 3, 5, 0, 0, 0]);
-    let big = StreamKey::augment(u64::MAX - 1, 7, 9, 1 << 40).with_lane(3).words();
+    let big = StreamKey::augment(AugmentKey { seed: u64::MAX - 1, rank: 7, worker: 9, epoch: 1 << 40 })
+        .with_lane(3)
+        .words();
     assert_eq!(&big[4..], &[0xffff_fffe, 0xffff_ffff, 7, 9, 0, 1 << 8, 3, 0]);
 }
 
@@ -69,23 +71,23 @@ fn same_key_same_stream_different_key_different_stream() {
         (0..64).map(|_| r.next_u64()).collect()
     };
     let b: Vec<u64> = {
-        let mut r = StreamKey::augment(42, 1, 3, 5).pcg64();
+        let mut r = StreamKey::augment(AugmentKey { seed: 42, rank: 1, worker: 3, epoch: 5 }).pcg64();
         (0..64).map(|_| r.next_u64()).collect()
     };
     assert_eq!(a, b);
     // Adding ids would make these collide: seed 42 rank 1 vs seed 43 rank 0.
-    let x = StreamKey::augment(42, 1, 0, 0).pcg64().next_u64();
-    let y = StreamKey::augment(43, 0, 0, 0).pcg64().next_u64();
+    let x = StreamKey::augment(AugmentKey { seed: 42, rank: 1, worker: 0, epoch: 0 }).pcg64().next_u64();
+    let y = StreamKey::augment(AugmentKey { seed: 43, rank: 0, worker: 0, epoch: 0 }).pcg64().next_u64();
     assert_ne!(x, y);
     // Rank and worker are not interchangeable either.
-    let r1w0 = StreamKey::augment(42, 1, 0, 0).pcg64().next_u64();
-    let r0w1 = StreamKey::augment(42, 0, 1, 0).pcg64().next_u64();
+    let r1w0 = StreamKey::augment(AugmentKey { seed: 42, rank: 1, worker: 0, epoch: 0 }).pcg64().next_u64();
+    let r0w1 = StreamKey::augment(AugmentKey { seed: 42, rank: 0, worker: 1, epoch: 0 }).pcg64().next_u64();
     assert_ne!(r1w0, r0w1);
     // Purposes and lanes are separate families.
-    let aug = StreamKey::augment(42, 0, 0, 0).pcg64().next_u64();
-    let drop = StreamKey::dropout(42, 0, 0).pcg64().next_u64();
-    let shuf = StreamKey::shuffle(42, 0).pcg64().next_u64();
-    let shuf1 = StreamKey::shuffle(42, 0).with_lane(1).pcg64().next_u64();
+    let aug = StreamKey::augment(AugmentKey { seed: 42, rank: 0, worker: 0, epoch: 0 }).pcg64().next_u64();
+    let drop = StreamKey::dropout(DropoutKey { seed: 42, rank: 0, step: 0 }).pcg64().next_u64();
+    let shuf = StreamKey::shuffle(ShuffleKey { seed: 42, epoch: 0 }).pcg64().next_u64();
+    let shuf1 = StreamKey::shuffle(ShuffleKey { seed: 42, epoch: 0 }).with_lane(1).pcg64().next_u64();
     let init = StreamKey::init(42).pcg64().next_u64();
     let mut all = vec![aug, drop, shuf, shuf1, init];
     all.sort_unstable();
@@ -99,7 +101,9 @@ fn no_two_of_4096_ranks_64_workers_16_epochs_share_a_stream() {
     for rank in 0..4096u32 {
         for worker in 0..64u32 {
             for epoch in 0..16u64 {
-                firsts.push(StreamKey::augment(42, rank, worker, epoch).pcg64().next_u64());
+                firsts.push(
+                    StreamKey::augment(AugmentKey { seed: 42, rank, worker, epoch }).pcg64().next_u64(),
+                );
             }
         }
     }
@@ -127,8 +131,8 @@ fn two_derived_augment_streams_give_independent_masks() {
     let (p, n) = (0.15, 100_000);
     let expected = p * p + (1.0 - p) * (1.0 - p);
     let sigma = (expected * (1.0 - expected) / n as f64).sqrt();
-    let mut a = StreamKey::augment(42, 0, 0, 0).pcg64();
-    let mut b = StreamKey::augment(42, 1, 0, 0).pcg64();
+    let mut a = StreamKey::augment(AugmentKey { seed: 42, rank: 0, worker: 0, epoch: 0 }).pcg64();
+    let mut b = StreamKey::augment(AugmentKey { seed: 42, rank: 1, worker: 0, epoch: 0 }).pcg64();
     let agree = bernoulli_agreement(&mut a, &mut b, p, n);
     assert!(
         (agree - expected).abs() <= 3.0 * sigma,

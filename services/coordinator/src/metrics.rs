@@ -14,7 +14,7 @@ use tokio::sync::broadcast;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::store::{Agg, EventRow, Filter, Point, Store, now_ms};
+use crate::store::{Agg, EventRow, Filter, PointRow, Store, now_ms};
 use crate::validate::{check_run_id, internal};
 
 /// Shared metrics state.
@@ -22,7 +22,7 @@ use crate::validate::{check_run_id, internal};
 pub struct MetricsService {
     store: Store,
     counters: std::sync::Arc<crate::prometheus::Counters>,
-    new_points: broadcast::Sender<std::sync::Arc<Vec<Point>>>,
+    new_points: broadcast::Sender<std::sync::Arc<Vec<PointRow>>>,
     closing: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -43,7 +43,7 @@ impl MetricsService {
     }
 }
 
-fn to_point(p: &MetricPoint, index: usize, arrival: i64) -> Result<Point, Status> {
+fn to_point(p: &MetricPoint, index: usize, arrival: i64) -> Result<PointRow, Status> {
     let bad = |field: &str, what: String| Status::invalid_argument(format!("points[{index}].{field} {what}"));
     if p.run_id.is_empty() {
         return Err(bad("run_id", "must not be empty".into()));
@@ -61,7 +61,7 @@ fn to_point(p: &MetricPoint, index: usize, arrival: i64) -> Result<Point, Status
     if !p.value.is_finite() {
         return Err(bad("value", format!("must be finite, found {}", p.value)));
     }
-    Ok(Point {
+    Ok(PointRow {
         id: 0,
         run_id: p.run_id.clone(),
         rank: p.rank,
@@ -72,7 +72,7 @@ fn to_point(p: &MetricPoint, index: usize, arrival: i64) -> Result<Point, Status
     })
 }
 
-fn to_proto(p: &Point) -> MetricPoint {
+fn to_proto(p: &PointRow) -> MetricPoint {
     MetricPoint {
         run_id: p.run_id.clone(),
         rank: p.rank,

@@ -20,7 +20,7 @@ mod keys;
 mod service;
 
 pub use service::RendezvousService;
-use service::{Member, Run};
+use service::{MemberAddress, Run};
 
 /// Checks a join request on its own, before any run is looked at; returns how
 /// long the join waits for its world.
@@ -68,7 +68,7 @@ impl RendezvousService {
             fresh = true;
         }
         let rank = run.rank_for(req)?;
-        run.members[rank] = Some(Member { address: req.address.clone(), host: req.host.clone() });
+        run.members[rank] = Some(MemberAddress { address: req.address.clone(), host: req.host.clone() });
         run.state = run.state.on_join(run.joined(), world).map_err(internal)?;
         self.persist_join(req, rank, fresh, run)?;
         run.changed.send_modify(|v| *v += 1);

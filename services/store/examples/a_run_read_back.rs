@@ -6,13 +6,13 @@
 //! cargo run -p drove-store --example a_run_read_back
 //! ```
 
-use drove_store::{Agg, Filter, Point, RunState, Store};
+use drove_store::{Agg, Filter, PointRow, RunState, Store};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let writer = Store::open(dir.path())?;
     writer.upsert_run("demo", RunState::Running, 2, 2)?;
-    let loss = |rank: i32, step: f64, value: f64| Point {
+    let loss = |rank: i32, step: f64, value: f64| PointRow {
         id: 0,
         run_id: "demo".into(),
         rank,

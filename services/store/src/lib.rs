@@ -17,12 +17,12 @@
 //! move through, stored as their words.
 //!
 //! ```
-//! use drove_store::{Filter, Point, RunState, Store};
+//! use drove_store::{Filter, PointRow, RunState, Store};
 //!
 //! let dir = tempfile::tempdir()?;
 //! let store = Store::open(dir.path())?;
 //! store.upsert_run("r", RunState::Running, 1, 1)?;
-//! let loss = Point { id: 0, run_id: "r".into(), rank: 0, step: 1.0, name: "loss".into(), value: 0.5, wall_ms: 1 };
+//! let loss = PointRow { id: 0, run_id: "r".into(), rank: 0, step: 1.0, name: "loss".into(), value: 0.5, wall_ms: 1 };
 //! store.insert_points(vec![loss])?;
 //!
 //! let reader = Store::open_read_only(dir.path())?;
@@ -46,7 +46,7 @@ mod store;
 pub use blobs::BlobRow;
 pub use events::EventRow;
 pub use members::{LiveRun, MemberRow};
-pub use points::{Agg, AggRow, Filter, Point};
+pub use points::{Agg, AggRow, Filter, PointRow};
 pub use run_state::RunState;
 pub use runs::RunRow;
 pub use store::{Store, StoreError, now_ms};

@@ -10,7 +10,7 @@ use crate::RunState;
 
 /// A metric point as stored.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Point {
+pub struct PointRow {
     /// Row id: increases with every point stored.
     pub id: i64,
     /// Run.
@@ -76,7 +76,7 @@ impl Store {
     /// Stores a batch of points in one transaction; returns those stored, with
     /// their ids (a point whose run, rank, name and step the store holds
     /// already is left out: it is not stored twice).
-    pub fn insert_points(&self, points: Vec<Point>) -> Result<Vec<Point>, StoreError> {
+    pub fn insert_points(&self, points: Vec<PointRow>) -> Result<Vec<PointRow>, StoreError> {
         self.insert_points_then(points, |_| {})
     }
 
@@ -84,9 +84,9 @@ impl Store {
     /// commit, so that what it publishes is in id order.
     pub fn insert_points_then(
         &self,
-        points: Vec<Point>,
-        committed: impl FnOnce(&[Point]),
-    ) -> Result<Vec<Point>, StoreError> {
+        points: Vec<PointRow>,
+        committed: impl FnOnce(&[PointRow]),
+    ) -> Result<Vec<PointRow>, StoreError> {
         const ROWS: usize = 64; // rows per INSERT statement: far fewer statement steps
         let mut guard = self.lock();
         let db = &mut *guard;
@@ -151,7 +151,7 @@ impl Store {
         }
         // The points inserted, with their ids, in id order; the first of
         // several equal points in one batch is the one stored.
-        let mut out: Vec<Point> = out
+        let mut out: Vec<PointRow> = out
             .into_iter()
             .zip(ids)
             .filter_map(|(mut p, series)| {
@@ -189,7 +189,7 @@ impl Store {
     }
 
     /// Raw points, ordered by id when `by_id`, else by name, step, rank.
-    pub fn points(&self, f: &Filter, by_id: bool) -> Result<Vec<Point>, StoreError> {
+    pub fn points(&self, f: &Filter, by_id: bool) -> Result<Vec<PointRow>, StoreError> {
         let (clause, args) = Self::where_clause(f);
         let order = if by_id { " ORDER BY p.id" } else { " ORDER BY s.name, p.step, p.rank, p.id" };
         let conn = self.lock();
@@ -201,7 +201,7 @@ impl Store {
             .map_err(self.sql())?;
         let rows = stmt
             .query_map(rusqlite::params_from_iter(args), |r| {
-                Ok(Point {
+                Ok(PointRow {
                     id: r.get(0)?,
                     run_id: r.get(1)?,
                     rank: r.get(2)?,

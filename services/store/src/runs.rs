@@ -130,7 +130,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Point;
+    use crate::PointRow;
     use crate::store::tests::point;
 
     fn put_run_row(store: &Store, run_id: &str, state: &str) {
@@ -151,7 +151,7 @@ mod tests {
         for (run_id, word) in [("a", "rendezvous"), ("b", "running"), ("c", "finished"), ("d", "failed")] {
             put_run_row(&store, run_id, word);
         }
-        store.insert_points(vec![Point { run_id: "m".into(), ..point(1.0) }]).unwrap();
+        store.insert_points(vec![PointRow { run_id: "m".into(), ..point(1.0) }]).unwrap();
         let mut listed: Vec<(String, Option<RunState>, &str)> = store
             .runs()
             .unwrap()

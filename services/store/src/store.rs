@@ -153,11 +153,11 @@ impl Store {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::{Filter, Point, RunState};
+    use crate::{Filter, PointRow, RunState};
 
     /// A point of run `r`, rank 0, metric `loss`, at `step`.
-    pub(crate) fn point(step: f64) -> Point {
-        Point { id: 0, run_id: "r".into(), rank: 0, step, name: "loss".into(), value: step, wall_ms: 1 }
+    pub(crate) fn point(step: f64) -> PointRow {
+        PointRow { id: 0, run_id: "r".into(), rank: 0, step, name: "loss".into(), value: step, wall_ms: 1 }
     }
 
     #[test]

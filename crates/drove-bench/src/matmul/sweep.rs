@@ -8,13 +8,13 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Distribution, Tensor, TensorPrimitive};
 use drove_device::{DeviceChoice, Gpu, Opened};
 use drove_kernels::matmul::Kernel;
-use drove_kernels::matmul::cube::LaunchError;
+use drove_kernels::matmul::cube::MatmulLaunchError;
 
 use super::{Case, CublasStatus, MatmulOptions, MatmulReport, MatmulRow, cases, tolerance};
 use crate::BenchError;
 
 /// A launch of one kernel on a backend's float tensors.
-type Launch<K> = fn(FloatTensor<K>, FloatTensor<K>, Kernel) -> Result<FloatTensor<K>, LaunchError>;
+type Launch<K> = fn(FloatTensor<K>, FloatTensor<K>, Kernel) -> Result<FloatTensor<K>, MatmulLaunchError>;
 
 /// Problems at most this many multiply-adds are checked against the f64
 /// product on the host; larger ones against cubek's unit kernel (f32).

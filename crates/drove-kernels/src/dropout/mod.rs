@@ -34,9 +34,9 @@ use crate::backends::{Kernels, OnKernels, Same, dispatch};
 /// more than `u32::MAX` elements (the kernel's 32-bit index) is handed back
 /// too.
 pub fn masked<B: Backend, const D: usize>(x: Tensor<B, D>, mask: Mask) -> Result<Tensor<B, D>, Tensor<B, D>> {
-    struct Call<B: Backend, const D: usize>(Tensor<B, D>, Mask);
+    struct DropoutCall<B: Backend, const D: usize>(Tensor<B, D>, Mask);
 
-    impl<B: Backend, const D: usize> OnKernels<B> for Call<B, D> {
+    impl<B: Backend, const D: usize> OnKernels<B> for DropoutCall<B, D> {
         type Output = Tensor<B, D>;
 
         fn run<K: Kernels>(self, same: Same<B, K>) -> Tensor<B, D> {
@@ -49,5 +49,5 @@ pub fn masked<B: Backend, const D: usize>(x: Tensor<B, D>, mask: Mask) -> Result
     if x.shape().num_elements() > u32::MAX as usize {
         return Err(x);
     }
-    dispatch(Call(x, mask)).map_err(|call| call.0)
+    dispatch(DropoutCall(x, mask)).map_err(|call| call.0)
 }

@@ -46,9 +46,9 @@ pub fn lookup<B: Backend>(
     weight: Tensor<B, 2>,
     ids: Tensor<B, 2, Int>,
 ) -> Result<Tensor<B, 3>, (Tensor<B, 2>, Tensor<B, 2, Int>)> {
-    struct Call<B: Backend>(Tensor<B, 2>, Tensor<B, 2, Int>);
+    struct EmbeddingCall<B: Backend>(Tensor<B, 2>, Tensor<B, 2, Int>);
 
-    impl<B: Backend> OnKernels<B> for Call<B> {
+    impl<B: Backend> OnKernels<B> for EmbeddingCall<B> {
         type Output = Tensor<B, 3>;
 
         fn run<K: Kernels>(self, same: Same<B, K>) -> Tensor<B, 3> {
@@ -66,5 +66,5 @@ pub fn lookup<B: Backend>(
     {
         return Err((weight, ids));
     }
-    dispatch(Call(weight, ids)).map_err(|call| (call.0, call.1))
+    dispatch(EmbeddingCall(weight, ids)).map_err(|call| (call.0, call.1))
 }

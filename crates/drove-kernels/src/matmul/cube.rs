@@ -16,7 +16,7 @@ use super::{Gemm, Kernel, MatmulOps, Precision, choose};
 /// A kernel cubek could not launch for a product.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("cubek's {kernel} cannot multiply {lhs:?} by {rhs:?} on this device: {reason}")]
-pub struct LaunchError {
+pub struct MatmulLaunchError {
     /// The kernel asked for.
     pub kernel: Kernel,
     /// The left operand's shape.
@@ -43,8 +43,8 @@ pub fn launch<R: CubeRuntime>(
     lhs: CubeTensor<R>,
     rhs: CubeTensor<R>,
     kernel: Kernel,
-) -> Result<CubeTensor<R>, LaunchError> {
-    launch_strategy(lhs, rhs, &kernel.cubek()).map_err(|(lhs, rhs, e)| LaunchError {
+) -> Result<CubeTensor<R>, MatmulLaunchError> {
+    launch_strategy(lhs, rhs, &kernel.cubek()).map_err(|(lhs, rhs, e)| MatmulLaunchError {
         kernel,
         lhs,
         rhs,

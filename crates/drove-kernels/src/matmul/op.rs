@@ -20,9 +20,9 @@ pub fn matmul<B: Backend, const D: usize>(
     if !fits(&lhs.dims(), &rhs.dims()) {
         return lhs.matmul(rhs);
     }
-    match dispatch(Call { lhs, rhs, precision }) {
+    match dispatch(MatmulCall { lhs, rhs, precision }) {
         Ok(product) => product,
-        Err(Call { lhs, rhs, .. }) => lhs.matmul(rhs),
+        Err(MatmulCall { lhs, rhs, .. }) => lhs.matmul(rhs),
     }
 }
 
@@ -36,13 +36,13 @@ fn fits(lhs: &[usize], rhs: &[usize]) -> bool {
 }
 
 /// One call of [`matmul`], handed to [`dispatch`].
-struct Call<B: Backend, const D: usize> {
+struct MatmulCall<B: Backend, const D: usize> {
     lhs: Tensor<B, D>,
     rhs: Tensor<B, D>,
     precision: Precision,
 }
 
-impl<B: Backend, const D: usize> OnKernels<B> for Call<B, D> {
+impl<B: Backend, const D: usize> OnKernels<B> for MatmulCall<B, D> {
     type Output = Tensor<B, D>;
     fn run<K: Kernels>(self, same: Same<B, K>) -> Tensor<B, D> {
         let lhs = same.to(self.lhs).into_primitive().tensor();

@@ -62,9 +62,9 @@ pub const MAX_GROUP: usize = 32;
 /// # Panics
 /// If `parts` is empty, or (as `cat`) its parts are on different devices.
 pub fn concat<B: Backend>(parts: Vec<Tensor<B, 1>>) -> Tensor<B, 1> {
-    struct Call<B: Backend>(Vec<Tensor<B, 1>>);
+    struct PackCall<B: Backend>(Vec<Tensor<B, 1>>);
 
-    impl<B: Backend> OnKernels<B> for Call<B> {
+    impl<B: Backend> OnKernels<B> for PackCall<B> {
         type Output = Tensor<B, 1>;
 
         fn run<K: Kernels>(self, same: Same<B, K>) -> Tensor<B, 1> {
@@ -81,5 +81,5 @@ pub fn concat<B: Backend>(parts: Vec<Tensor<B, 1>>) -> Tensor<B, 1> {
     if total > (u32::MAX / 2) as usize {
         return Tensor::cat(parts, 0);
     }
-    dispatch(Call(parts)).unwrap_or_else(|call| Tensor::cat(call.0, 0))
+    dispatch(PackCall(parts)).unwrap_or_else(|call| Tensor::cat(call.0, 0))
 }

@@ -11,7 +11,7 @@ use drove_control::{Authed, Clients, launcher};
 use drove_proto::v1::rendezvous_client::RendezvousClient;
 
 use crate::error::LaunchError;
-use crate::launcher::spawn::Event;
+use crate::launcher::spawn::SupervisorEvent;
 use crate::launcher::supervise::Attempt;
 
 /// Which coordinator the ranks meet at.
@@ -103,9 +103,9 @@ pub(crate) async fn check_run_is_free_or_elastic(
 pub(crate) async fn watch_run(
     rendezvous: RendezvousClient<Authed>,
     run_id: String,
-    tx: std::sync::mpsc::Sender<Event>,
+    tx: std::sync::mpsc::Sender<SupervisorEvent>,
 ) {
-    launcher::watch_run(rendezvous, run_id, |error| drop(tx.send(Event::RunFailed(error)))).await
+    launcher::watch_run(rendezvous, run_id, |error| drop(tx.send(SupervisorEvent::RunFailed(error)))).await
 }
 
 /// Every rank of `attempt` leaves (see [`launcher::leave_all`]).

@@ -17,7 +17,7 @@ use crate::launcher::coordinator::{
 };
 use crate::launcher::restart::{Next, RestartPolicy};
 use crate::launcher::signals::forward_signals;
-use crate::launcher::spawn::{Event, RankCommand};
+use crate::launcher::spawn::{RankCommand, SupervisorEvent};
 use crate::launcher::supervise::{Attempt, SlotPolicy, supervise};
 use crate::var;
 
@@ -232,7 +232,7 @@ impl LaunchOutcome {
     }
 
     fn of(run_id: &str, restarts: u32, attempt: &Attempt) -> Self {
-        let v = &attempt.verdict;
+        let v = &attempt.decision;
         let end = match (&v.run_failed, v.first_failure, v.interrupted) {
             (Some(why), _, _) => End::RunFailed(why.clone()),
             (None, Some((rank, code)), _) if let Some((left, min)) = v.below_minimum => {
@@ -311,8 +311,8 @@ impl Attempts<'_> {
     fn run(
         &self,
         clients: &mut Clients,
-        tx: &mpsc::Sender<Event>,
-        rx: &mpsc::Receiver<Event>,
+        tx: &mpsc::Sender<SupervisorEvent>,
+        rx: &mpsc::Receiver<SupervisorEvent>,
     ) -> Result<LaunchOutcome, LaunchError> {
         let spec = self.spec;
         let mut restarts = 0u32;

@@ -23,7 +23,7 @@ impl RestartPolicy {
     /// What follows `attempt` after `restarts` restarts so far.
     pub(crate) fn next(&self, restarts: u32, attempt: &Attempt) -> Next {
         let Some(why) = attempt.failure() else { return Next::Done };
-        if attempt.verdict.interrupted.is_some() {
+        if attempt.decision.interrupted.is_some() {
             return Next::Done;
         }
         if restarts >= self.max_restarts {
@@ -42,7 +42,7 @@ mod tests {
     use std::process::ExitStatus;
 
     use super::*;
-    use crate::launcher::supervise::{Cause, Verdict};
+    use crate::launcher::supervise::{Cause, Decision};
 
     fn attempt(failed_rank: Option<usize>, interrupted: Option<i32>) -> Attempt {
         let statuses = (0..2)
@@ -50,7 +50,7 @@ mod tests {
             .collect();
         Attempt {
             statuses,
-            verdict: Verdict {
+            decision: Decision {
                 first_failure: failed_rank.map(|r| (r, 1)),
                 cause: failed_rank.map(Cause::RankFailed).or(interrupted.map(Cause::Signal)),
                 interrupted,
@@ -76,7 +76,7 @@ mod tests {
         let policy = RestartPolicy { max_restarts: 5 };
         assert_eq!(policy.next(0, &attempt(None, None)), Next::Done);
         let mut interrupted = attempt(Some(0), Some(libc::SIGINT));
-        interrupted.verdict.cause = Some(Cause::Signal(libc::SIGINT));
+        interrupted.decision.cause = Some(Cause::Signal(libc::SIGINT));
         assert_eq!(policy.next(0, &interrupted), Next::Done);
     }
 }

@@ -5,13 +5,13 @@ use std::sync::mpsc;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::error::LaunchError;
-use crate::launcher::spawn::Event;
+use crate::launcher::spawn::SupervisorEvent;
 
 /// Forwards SIGINT, SIGTERM and SIGHUP to `tx`. The handlers are installed before
 /// this returns, so from then on these signals no longer end the process.
 pub(crate) fn forward_signals(
     rt: &tokio::runtime::Runtime,
-    tx: mpsc::Sender<Event>,
+    tx: mpsc::Sender<SupervisorEvent>,
 ) -> Result<(), LaunchError> {
     let _guard = rt.enter();
     let install = |kind: SignalKind, name: &str| {
@@ -28,7 +28,7 @@ pub(crate) fn forward_signals(
                 Some(()) = hup.recv() => libc::SIGHUP,
                 else => return,
             };
-            if tx.send(Event::Signal(sig)).is_err() {
+            if tx.send(SupervisorEvent::Signal(sig)).is_err() {
                 return;
             }
         }

@@ -16,7 +16,7 @@ use crate::launcher::relay::{THREAD_STACK, relay};
 use crate::var;
 
 /// What the supervisor hears about.
-pub(crate) enum Event {
+pub(crate) enum SupervisorEvent {
     /// Rank `.0` ended with `.1`.
     Exited(usize, std::io::Result<ExitStatus>),
     /// The launcher received this signal.
@@ -70,7 +70,7 @@ pub(crate) fn spawn_slot(
     rank: usize,
     command: &RankCommand<'_>,
     console: &Arc<dyn Console>,
-    events: &mpsc::Sender<Event>,
+    events: &mpsc::Sender<SupervisorEvent>,
     started: &mut Started,
 ) -> Result<(), LaunchError> {
     let child = spawn_rank(rank, command)?;
@@ -84,7 +84,7 @@ pub(crate) fn spawn_world(
     np: usize,
     command: &RankCommand<'_>,
     console: &Arc<dyn Console>,
-    events: &mpsc::Sender<Event>,
+    events: &mpsc::Sender<SupervisorEvent>,
 ) -> (Started, Option<LaunchError>) {
     let (relay_tx, relays_done) = mpsc::channel::<()>();
     let mut started = Started { pids: Vec::with_capacity(np), relays: 0, relays_done, relay_tx };
@@ -141,7 +141,7 @@ fn watch(
     rank: usize,
     mut child: Child,
     console: &Arc<dyn Console>,
-    events: &mpsc::Sender<Event>,
+    events: &mpsc::Sender<SupervisorEvent>,
     relay_tx: &mpsc::Sender<()>,
     started: &mut Started,
 ) -> Result<(), LaunchError> {
@@ -166,7 +166,7 @@ fn watch(
     let waiter =
         std::thread::Builder::new().name(format!("wait-{rank}")).stack_size(THREAD_STACK).spawn(move || {
             let status = child.wait();
-            let _ = tx.send(Event::Exited(rank, status));
+            let _ = tx.send(SupervisorEvent::Exited(rank, status));
         });
     waiter.map(drop).map_err(|e| {
         // Without a waiter this rank would never be seen to end: kill it.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::error::LaunchError;
 use crate::exit::{describe, exit_code, signal_name};
 use crate::launcher::console::Console;
-use crate::launcher::spawn::{Event, RankCommand, Started, signal_group, spawn_slot, spawn_world};
+use crate::launcher::spawn::{RankCommand, Started, SupervisorEvent, signal_group, spawn_slot, spawn_world};
 
 /// Why the ranks are being stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,14 +44,14 @@ pub(crate) struct Attempt {
     /// Each rank's status (an error if waiting for it failed).
     pub statuses: Vec<Result<ExitStatus, String>>,
     /// Why it ended as it did.
-    pub verdict: Verdict,
+    pub decision: Decision,
     /// An elastic launch's slots started again.
     pub restarts: u32,
 }
 
 /// What the supervisor decided while the ranks ran.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Verdict {
+pub(crate) struct Decision {
     /// The first rank that failed on its own, with its exit code.
     pub first_failure: Option<(usize, u8)>,
     /// Why the ranks were stopped, if they were.
@@ -68,7 +68,7 @@ pub(crate) struct Verdict {
 impl Attempt {
     /// The error a rank leaves the run with (empty if it succeeded).
     pub fn leave_error(&self, rank: usize) -> String {
-        match (&self.statuses[rank], self.verdict.cause) {
+        match (&self.statuses[rank], self.decision.cause) {
             (Ok(s), _) if s.success() => String::new(),
             (Ok(s), Some(Cause::RankFailed(r))) if r == rank => describe(s),
             (Ok(s), Some(cause)) => format!("stopped by drove run {cause}: {}", describe(s)),
@@ -79,9 +79,9 @@ impl Attempt {
 
     /// Why this attempt failed, if it did (the coordinator's verdict first).
     pub fn failure(&self) -> Option<String> {
-        match (&self.verdict.run_failed, self.verdict.first_failure) {
+        match (&self.decision.run_failed, self.decision.first_failure) {
             (Some(why), _) => Some(why.clone()),
-            (None, Some((rank, code))) if let Some((left, min)) = self.verdict.below_minimum => {
+            (None, Some((rank, code))) if let Some((left, min)) = self.decision.below_minimum => {
                 Some(format!(
                     "rank {rank} failed (exit code {code}) with no restart left, and {left} rank(s) can still finish, \
                  fewer than --min-np {min}"
@@ -106,7 +106,7 @@ pub(crate) struct SlotPolicy {
 struct Respawn<'a> {
     command: &'a RankCommand<'a>,
     console: &'a Arc<dyn Console>,
-    events: mpsc::Sender<Event>,
+    events: mpsc::Sender<SupervisorEvent>,
     policy: SlotPolicy,
     /// Slots whose last process failed with no restart left, with its code.
     dropped: Vec<(usize, u8)>,
@@ -119,8 +119,8 @@ pub(crate) fn supervise<'a>(
     command: &'a RankCommand<'a>,
     grace: Duration,
     console: &'a Arc<dyn Console>,
-    tx: mpsc::Sender<Event>,
-    rx: &mpsc::Receiver<Event>,
+    tx: mpsc::Sender<SupervisorEvent>,
+    rx: &mpsc::Receiver<SupervisorEvent>,
     slots: Option<SlotPolicy>,
 ) -> Result<Attempt, LaunchError> {
     let (started, spawn_error) = spawn_world(np, command, console, &tx);
@@ -149,7 +149,7 @@ struct Slots<'a> {
     grace: Duration,
     /// When the ranks still running after SIGTERM get SIGKILL.
     kill_at: Option<Instant>,
-    verdict: Verdict,
+    decision: Decision,
     /// An elastic launch's way to start a failed slot again.
     respawn: Option<Respawn<'a>>,
     /// Slots started again.
@@ -165,7 +165,7 @@ impl<'a> Slots<'a> {
             running: n,
             grace,
             kill_at: None,
-            verdict: Verdict::default(),
+            decision: Decision::default(),
             respawn,
             restarts: 0,
         }
@@ -177,7 +177,7 @@ impl<'a> Slots<'a> {
 
     /// SIGTERM to every rank still running; SIGKILL follows after the grace.
     fn stop(&mut self, why: Cause) {
-        self.verdict.cause = Some(why);
+        self.decision.cause = Some(why);
         let alive = self.alive();
         if !alive.is_empty() {
             tracing::info!("stopping ranks {alive:?} {why}: SIGTERM, SIGKILL after {:?}", self.grace);
@@ -196,7 +196,7 @@ impl<'a> Slots<'a> {
     }
 
     /// Handles events until no rank runs.
-    fn wait(&mut self, rx: &mpsc::Receiver<Event>) -> Result<(), LaunchError> {
+    fn wait(&mut self, rx: &mpsc::Receiver<SupervisorEvent>) -> Result<(), LaunchError> {
         while self.running > 0 {
             let event = match self.kill_at {
                 Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
@@ -215,9 +215,9 @@ impl<'a> Slots<'a> {
                     );
                     self.kill_all();
                 }
-                Some(Event::Exited(rank, status)) => self.exited(rank, status),
-                Some(Event::RunFailed(why)) => self.run_failed(why),
-                Some(Event::Signal(sig)) => self.signalled(sig),
+                Some(SupervisorEvent::Exited(rank, status)) => self.exited(rank, status),
+                Some(SupervisorEvent::RunFailed(why)) => self.run_failed(why),
+                Some(SupervisorEvent::Signal(sig)) => self.signalled(sig),
             }
         }
         Ok(())
@@ -233,11 +233,11 @@ impl<'a> Slots<'a> {
         };
         self.statuses[rank] = Some(status);
         let Some((code, what)) = failed else { return };
-        if self.verdict.cause.is_none() && self.respawn.is_some() {
+        if self.decision.cause.is_none() && self.respawn.is_some() {
             self.slot_failed(rank, code, &what);
-        } else if self.verdict.cause.is_none() {
+        } else if self.decision.cause.is_none() {
             tracing::error!("rank {rank} {what}");
-            self.verdict.first_failure = Some((rank, code));
+            self.decision.first_failure = Some((rank, code));
             self.stop(Cause::RankFailed(rank));
         } else {
             tracing::info!("rank {rank} {what}");
@@ -278,29 +278,29 @@ impl<'a> Slots<'a> {
                 "only {left} rank(s) can still finish, fewer than --min-np {min}, and no restart is left: \
                  stopping the run"
             );
-            self.verdict.first_failure = Some((rank, code));
-            self.verdict.below_minimum = Some((left, min));
+            self.decision.first_failure = Some((rank, code));
+            self.decision.below_minimum = Some((left, min));
             self.stop(Cause::BelowMinimum);
         }
     }
 
     fn run_failed(&mut self, why: String) {
-        if self.verdict.cause.is_none() {
+        if self.decision.cause.is_none() {
             tracing::error!("the coordinator failed the run: {why}");
-            self.verdict.run_failed = Some(why);
+            self.decision.run_failed = Some(why);
             self.stop(Cause::RunFailed);
         }
     }
 
     /// The first signal stops the world; a second skips the grace.
     fn signalled(&mut self, sig: i32) {
-        if self.verdict.cause.is_none() {
+        if self.decision.cause.is_none() {
             tracing::warn!("received {}", signal_name(sig));
-            self.verdict.interrupted = Some(sig);
+            self.decision.interrupted = Some(sig);
             self.stop(Cause::Signal(sig));
         } else {
             tracing::warn!("received {} while stopping the ranks: killing them now", signal_name(sig));
-            self.verdict.interrupted.get_or_insert(sig);
+            self.decision.interrupted.get_or_insert(sig);
             self.kill_all();
         }
     }
@@ -322,11 +322,11 @@ impl<'a> Slots<'a> {
 
     fn into_attempt(self) -> Attempt {
         let statuses: Vec<_> = self.statuses.into_iter().map(|s| s.expect("every rank ended")).collect();
-        let mut verdict = self.verdict;
+        let mut decision = self.decision;
         if let Some(respawn) = self.respawn {
             let succeeded = statuses.iter().filter(|s| s.as_ref().is_ok_and(ExitStatus::success)).count();
             if succeeded < respawn.policy.min {
-                verdict.first_failure = verdict.first_failure.or(respawn.dropped.first().copied());
+                decision.first_failure = decision.first_failure.or(respawn.dropped.first().copied());
             } else if !respawn.dropped.is_empty() {
                 tracing::warn!(
                     "slots {:?} failed for good; {succeeded} slots finished the run (at least {})",
@@ -335,6 +335,6 @@ impl<'a> Slots<'a> {
                 );
             }
         }
-        Attempt { statuses, verdict, restarts: self.restarts }
+        Attempt { statuses, decision, restarts: self.restarts }
     }
 }

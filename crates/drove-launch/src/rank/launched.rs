@@ -23,7 +23,7 @@ use drove_comm::{
 use drove_control::{
     CoordinatorRendezvous, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership,
 };
-use drove_metrics::{Delivery, MetricsRecorder, RecorderOptions};
+use drove_metrics::{Delivery, MetricsRecorder, Reading, RecorderOptions, RecorderTarget};
 
 use crate::error::LaunchError;
 use crate::progress::{Progress, ProgressMode};
@@ -241,7 +241,10 @@ impl LaunchEnv {
             tls_ca: self.tls_ca.clone(),
             ..defaults
         };
-        Ok(Some(MetricsRecorder::new(addr, self.token.as_deref(), run_id, rank, options)?))
+        Ok(Some(MetricsRecorder::new(
+            RecorderTarget { address: addr, token: self.token.as_deref(), run_id, rank },
+            options,
+        )?))
     }
 
     /// [`Start::Resume`] when the launcher restarted the world and
@@ -387,7 +390,7 @@ impl Launched {
         if let Some(m) = &self.metrics
             && value.is_finite()
         {
-            m.record(step as f64, name, value);
+            m.record(Reading { step: step as f64, name, value });
         }
     }
 

@@ -33,14 +33,14 @@ impl Runs {
 }
 
 #[derive(Clone, Debug)]
-pub(super) struct Member {
+pub(super) struct MemberAddress {
     pub(super) address: String,
     pub(super) host: String,
 }
 
 pub(super) struct Run {
     pub(super) world_size: usize,
-    pub(super) members: Vec<Option<Member>>,
+    pub(super) members: Vec<Option<MemberAddress>>,
     /// Bumped on every membership change; waiters re-check on change.
     pub(super) changed: watch::Sender<u64>,
     /// Where the run is; changed only through its transitions.
@@ -78,7 +78,7 @@ impl Run {
     }
 
     pub(super) fn peers(&self) -> Option<Vec<Peer>> {
-        let members: Vec<&Member> = self.members.iter().map(Option::as_ref).collect::<Option<_>>()?;
+        let members: Vec<&MemberAddress> = self.members.iter().map(Option::as_ref).collect::<Option<_>>()?;
         let mut per_host: HashMap<&str, i32> = HashMap::new();
         Some(
             members
@@ -157,7 +157,7 @@ impl RendezvousService {
             let world = live.world_size.max(0) as usize;
             let mut run = Run::new(world);
             for (r, m) in live.members.iter().filter_map(|m| Some((rank_in(m.rank, world)?, m))) {
-                run.members[r] = Some(Member { address: m.address.clone(), host: m.host.clone() });
+                run.members[r] = Some(MemberAddress { address: m.address.clone(), host: m.host.clone() });
                 run.left[r] = m.left;
                 run.failed |= !m.error.is_empty();
             }
