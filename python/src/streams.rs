@@ -54,11 +54,11 @@ impl StreamKey {
         StreamKey(Key::init(seed))
     }
 
-    /// Dropout: distinct per rank and epoch.
+    /// Dropout: distinct per rank and optimizer step.
     #[staticmethod]
-    #[pyo3(signature = (*, seed, rank, epoch = 0))]
-    fn dropout(seed: u64, rank: u64, epoch: u64) -> PyResult<Self> {
-        Ok(StreamKey(Key::dropout(DropoutKey { seed, rank: u32_arg("rank", rank)?, step: epoch })))
+    #[pyo3(signature = (*, seed, rank, step = 0))]
+    fn dropout(seed: u64, rank: u64, step: u64) -> PyResult<Self> {
+        Ok(StreamKey(Key::dropout(DropoutKey { seed, rank: u32_arg("rank", rank)?, step })))
     }
 
     /// The bug: one stream for every rank, worker and epoch.
@@ -69,10 +69,11 @@ impl StreamKey {
     }
 
     /// The key by purpose name (`shuffle`, `augment`, `init`, `dropout`,
-    /// `naive`); fields a purpose does not have must be 0.
+    /// `naive`); fields a purpose does not have must be 0 (`step` is a
+    /// dropout key's, `epoch` the others').
     #[staticmethod]
-    #[pyo3(signature = (purpose, *, seed, rank = 0, worker = 0, epoch = 0, lane = 0))]
-    fn of(purpose: &str, seed: u64, rank: u64, worker: u64, epoch: u64, lane: u64) -> PyResult<Self> {
+    #[pyo3(signature = (purpose, *, seed, rank = 0, worker = 0, epoch = 0, step = 0, lane = 0))]
+    fn of(purpose: &str, seed: u64, rank: u64, worker: u64, epoch: u64, step: u64, lane: u64) -> PyResult<Self> {
         let (rank, worker, lane) =
             (u32_arg("rank", rank)?, u32_arg("worker", worker)?, u32_arg("lane", lane)?);
         let unused = |field: &str, value: u64| -> PyResult<()> {
@@ -82,6 +83,9 @@ impl StreamKey {
                 Err(PyValueError::new_err(format!("a {purpose} key has no {field} (got {field}={value})")))
             }
         };
+        if purpose != "dropout" {
+            unused("step", step)?;
+        }
         let key = match purpose {
             "shuffle" => {
                 unused("rank", rank.into())?;
@@ -97,7 +101,8 @@ impl StreamKey {
             }
             "dropout" => {
                 unused("worker", worker.into())?;
-                Key::dropout(DropoutKey { seed, rank, step: epoch })
+                unused("epoch", epoch)?;
+                Key::dropout(DropoutKey { seed, rank, step })
             }
             "naive" => {
                 unused("rank", rank.into())?;

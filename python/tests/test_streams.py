@@ -21,7 +21,7 @@ KEYS = [
     ("augment", dict(seed=2**63 + 5, rank=7, worker=0, epoch=2**40)),
     ("shuffle", dict(seed=42, epoch=1)),
     ("init", dict(seed=0)),
-    ("dropout", dict(seed=9, rank=3, epoch=4)),
+    ("dropout", dict(seed=9, rank=3, step=4)),
     ("naive", dict(seed=42)),
 ]
 

@@ -24,9 +24,12 @@ pub struct SeedArgs {
     /// Loader worker (augment keys).
     #[arg(long)]
     worker: Option<u32>,
-    /// Epoch (shuffle, augment and dropout keys; per-sample streams).
+    /// Epoch (shuffle and augment keys; per-sample streams).
     #[arg(long)]
     epoch: Option<u64>,
+    /// Optimizer step (dropout keys: a rank draws new masks each step).
+    #[arg(long)]
+    step: Option<u64>,
     /// Lane: an independent sub-stream of the same key.
     #[arg(long)]
     lane: Option<u32>,
@@ -137,6 +140,9 @@ impl SeedArgs {
         };
         let (rank, worker, epoch, lane) =
             (self.rank.is_some(), self.worker.is_some(), self.epoch.is_some(), self.lane.is_some());
+        if self.step.is_some() && purpose != PurposeArg::Dropout {
+            bail!("--step is part of a dropout key only (the others count epochs: --epoch)");
+        }
         if let Some(sample) = self.sample {
             let Some(p) = purpose.purpose() else {
                 bail!("--sample needs a real purpose: the naive stream has no per-sample family");
@@ -175,8 +181,9 @@ impl SeedArgs {
                 StreamKey::init(seed)
             }
             PurposeArg::Dropout => {
-                reject(&[("worker", worker)], "a dropout key", "dropout streams are per rank and epoch")?;
-                StreamKey::dropout(DropoutKey { seed, rank: r, step: e })
+                let why = "dropout streams are per rank and step (--step)";
+                reject(&[("worker", worker), ("epoch", epoch)], "a dropout key", why)?;
+                StreamKey::dropout(DropoutKey { seed, rank: r, step: self.step.unwrap_or(0) })
             }
             PurposeArg::Naive => {
                 reject(
@@ -261,7 +268,7 @@ mod tests {
 
     #[test]
     fn replay_reproduces_a_derived_key() {
-        let keyed = report(&["--purpose", "dropout", "--seed", "7", "--rank", "3", "--epoch", "2"]).unwrap();
+        let keyed = report(&["--purpose", "dropout", "--seed", "7", "--rank", "3", "--step", "2"]).unwrap();
         let replayed = report(&["--replay", &keyed.derived_seed]).unwrap();
         assert_eq!(replayed.outputs, keyed.outputs);
         assert_eq!(replayed.outputs.len(), 4);

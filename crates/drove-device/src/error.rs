@@ -14,6 +14,15 @@ pub enum DeviceError {
     /// ranks before a device op).
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// NCCL or the CUDA driver it needs cannot be loaded, or a call failed.
+    #[cfg(feature = "nccl")]
+    #[error(transparent)]
+    GpuLibrary(#[from] drove_nccl::GpuLibraryError),
+    /// An NCCL op failed on the device (its host collective's failures are
+    /// [`DeviceError::Comm`]).
+    #[cfg(feature = "nccl")]
+    #[error(transparent)]
+    Nccl(drove_nccl::Error),
     /// A bucket all-reduce returned a bucket of another length than it was
     /// given.
     #[error("{bucket}: the bucket all-reduce returned {found} values for a bucket of {expected}")]

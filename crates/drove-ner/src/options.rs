@@ -402,20 +402,20 @@ mod tests {
     use super::*;
 
     #[derive(Parser)]
-    struct Flags {
+    struct NerCommand {
         #[command(flatten)]
         options: NerOptions,
     }
 
     #[test]
     fn the_default_is_parsing_no_flags() {
-        assert_eq!(Flags::parse_from(["ner"]).options, NerOptions::default());
+        assert_eq!(NerCommand::parse_from(["ner"]).options, NerOptions::default());
     }
 
     #[test]
     fn flags_spelled_apart_from_their_fields_set_them() {
         let o =
-            Flags::parse_from(["ner", "--cased", "--warmup", "0.2", "--weight-decay", "0", "--eval", "test"])
+            NerCommand::parse_from(["ner", "--cased", "--warmup", "0.2", "--weight-decay", "0", "--eval", "test"])
                 .options;
         assert!(!o.lowercase);
         assert_eq!(o.warmup_fraction, 0.2);
@@ -425,12 +425,12 @@ mod tests {
 
     #[test]
     fn an_elastic_world_buckets_nothing_unless_told_and_refuses_a_window_it_cannot_keep() {
-        let default = Flags::parse_from(["ner"]).options;
+        let default = NerCommand::parse_from(["ner"]).options;
         assert_eq!(default.bucket_window_for(false).unwrap(), DEFAULT_BUCKET_WINDOW);
         assert_eq!(default.bucket_window_for(true).unwrap(), 0);
-        let zero = Flags::parse_from(["ner", "--bucket-window", "0"]).options;
+        let zero = NerCommand::parse_from(["ner", "--bucket-window", "0"]).options;
         assert_eq!((zero.bucket_window_for(false).unwrap(), zero.bucket_window_for(true).unwrap()), (0, 0));
-        let eight = Flags::parse_from(["ner", "--bucket-window", "8"]).options;
+        let eight = NerCommand::parse_from(["ner", "--bucket-window", "8"]).options;
         assert_eq!(eight.bucket_window_for(false).unwrap(), 8);
         let err = eight.bucket_window_for(true).unwrap_err().to_string();
         assert!(err.contains("--bucket-window 0 (found 8)"), "{err}");
@@ -439,7 +439,7 @@ mod tests {
     #[test]
     fn out_of_range_values_are_refused_naming_the_flag() {
         for (flag, value) in [("--epochs", "0"), ("--max-len", "2"), ("--warmup", "1.5"), ("--lr", "NaN")] {
-            let err = Flags::try_parse_from(["ner", flag, value]).err().expect("refused").to_string();
+            let err = NerCommand::try_parse_from(["ner", flag, value]).err().expect("refused").to_string();
             assert!(err.contains(flag), "{flag} {value}: {err}");
         }
     }

@@ -208,8 +208,8 @@ impl StreamKey {
 
     /// Dropout stream of `rank` at `step`: distinct per rank and per step
     /// (drove-ner keys each training step's dropout by its global step). The
-    /// step takes the key's epoch field, so `drove seed --purpose dropout`
-    /// names it `--epoch`.
+    /// step is hashed where other keys hash their epoch; `drove seed --purpose
+    /// dropout` names it `--step`, Python's `StreamKey.dropout` `step=`.
     pub fn dropout(key: DropoutKey) -> Self {
         let DropoutKey { seed, rank, step } = key;
         Self::new(seed, Purpose::Dropout, Family::Sequential, rank, 0, step)

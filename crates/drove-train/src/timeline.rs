@@ -67,7 +67,7 @@ pub struct Span {
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-struct Event {
+struct TraceEvent {
     name: String,
     cat: String,
     /// Start, microseconds since the Unix epoch.
@@ -85,7 +85,7 @@ pub struct Timeline {
     /// monotonically and placed on the wall clock.
     wall0: i64,
     mono0: Instant,
-    events: Mutex<Vec<Event>>,
+    events: Mutex<Vec<TraceEvent>>,
     tracks: Mutex<Vec<Track>>,
 }
 
@@ -136,7 +136,7 @@ impl Timeline {
         if !self.on {
             return;
         }
-        let event = Event {
+        let event = TraceEvent {
             name: name.into(),
             cat: cat.to_string(),
             ts: self.micros(start),
@@ -196,7 +196,7 @@ impl Timeline {
             let part = unpack(&all[offset..offset + n])
                 .ok_or_else(|| TimelineError::Malformed(format!("rank {rank}'s timeline is truncated")))?;
             offset += n;
-            let (events, tracks): (Vec<Event>, Vec<(u64, String)>) = serde_json::from_slice(&part)
+            let (events, tracks): (Vec<TraceEvent>, Vec<(u64, String)>) = serde_json::from_slice(&part)
                 .map_err(|e| TimelineError::Malformed(format!("rank {rank}'s timeline: {e}")))?;
             trace.push(serde_json::json!({
                 "name": "process_name", "ph": "M", "pid": rank, "tid": 0,

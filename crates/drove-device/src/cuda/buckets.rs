@@ -46,7 +46,7 @@ impl NcclBuckets {
         device: CudaDevice,
         opts: DeviceOptions,
     ) -> Result<Self, DeviceError> {
-        let nccl = Nccl::new(ordinal).map_err(|e| DeviceError::Gpu(e.to_string()))?;
+        let nccl = Nccl::new(ordinal)?;
         let comm = DeviceComm::connect(mesh, nccl, opts).map_err(nccl_error)?;
         Ok(NcclBuckets { comm, device })
     }
@@ -90,7 +90,7 @@ fn slice(memory: &DeviceMemory) -> DeviceSlice {
 fn nccl_error(e: drove_nccl::Error) -> DeviceError {
     match e {
         drove_nccl::Error::Comm(c) => DeviceError::Comm(c),
-        other => DeviceError::Gpu(other.to_string()),
+        other => DeviceError::Nccl(other),
     }
 }
 
