@@ -14,7 +14,6 @@ use std::time::Instant;
 use anyhow::anyhow;
 use clap::Args;
 use drove_collective::{Collective, CommError, Elastic, WorldRange};
-use drove_launch::fault::Faults;
 use drove_launch::{LaunchEnv, Launched, Progress, ProgressMode, RankOutcome, Ranks, Start};
 use drove_ner::backend::{Autodiff, Flex};
 use drove_ner::{
@@ -404,7 +403,7 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         },
         metrics: launched.take_metrics().map(|m| MetricsObserver::new(m, rank)),
     };
-    let faults: Faults = args.faults.faults(restart, gpu.as_ref())?;
+    let faults = args.faults.faults(restart, gpu.as_ref())?;
     if rank == 0 {
         record_options(&reporter, &opts, launched.world_size(), restart);
     }
