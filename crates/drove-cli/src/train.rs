@@ -461,6 +461,24 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_to_fail_or_stall_needs_its_fault_and_a_lost_device_a_wgpu_one() {
+        let parse =
+            |flags: &[&str]| Flags::try_parse_from(std::iter::once("ner").chain(flags.iter().copied()));
+        for alone in [&["--rank-to-fail", "1"][..], &["--rank-to-stall", "1"], &["--stall-secs", "2"]] {
+            assert!(parse(alone).is_err(), "{alone:?} alone is refused");
+        }
+        for with in [
+            &["--rank-to-fail", "1", "--fail-in-backward", "2"][..],
+            &["--fail-at-step", "3", "--rank-to-fail", "1"],
+        ] {
+            assert!(parse(with).is_ok(), "{with:?}");
+        }
+        let lost = parse(&["--lose-device-at-step", "1"]).unwrap().args;
+        let err = lost.faults.faults(0, None).err().expect("no device to lose").to_string();
+        assert!(err.contains("--lose-device-at-step needs --device wgpu"), "{err}");
+    }
+
+    #[test]
     fn the_command_resolves_what_only_it_knows() {
         let opts = options(&["--eval", "", "--diagnose-every", "5", "--device", "cpu"]);
         assert_eq!(opts.eval_sets, Vec::<String>::new());
