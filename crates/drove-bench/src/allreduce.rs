@@ -16,7 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use drove_comm::{Collective, Communicator, Element, ReduceOp, ReduceOptions, Transport};
+use drove_collective::{Collective, Element, ReduceOp, ReduceOptions};
+use drove_comm::{Communicator, Transport};
 use drove_launch::var;
 use serde::{Deserialize, Serialize};
 

@@ -17,7 +17,7 @@ pub enum BenchError {
     },
     /// A collective failed.
     #[error(transparent)]
-    Comm(#[from] drove_comm::CommError),
+    Comm(#[from] drove_collective::CommError),
     /// A coordinator could not be reached.
     #[error(transparent)]
     Connect(#[from] drove_launch::LaunchError),

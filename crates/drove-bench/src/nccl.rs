@@ -50,7 +50,7 @@ pub use suite::{NcclReport, NcclRow, in_place, run};
 
 #[cfg(feature = "nccl")]
 mod suite {
-    use drove_comm::{Collective, DType, ReduceOptions};
+    use drove_collective::{Collective, DType, ReduceOptions};
     use drove_device::cuda::{
         DeviceBuffer, InPlaceReport, NcclBuckets, check_in_place, copy_seconds, device_name, open_gpu,
     };

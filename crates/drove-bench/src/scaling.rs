@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, Flex};
-use drove_comm::{Collective, Element, ReduceOp, ReduceOptions};
+use drove_collective::{Collective, Element, ReduceOp, ReduceOptions};
 use drove_ner::{NerOptions, Observer, StepReport, train_ner};
 use drove_train::PhaseTimes;
 use serde::Serialize;
@@ -56,7 +56,7 @@ pub struct ScalingOptions {
     #[cfg_attr(feature = "clap", arg(long))]
     pub dense_embeddings: bool,
     /// Largest gradient bucket, in MiB (`drove train ner --bucket-mib`'s default).
-    #[cfg_attr(feature = "clap", arg(long, value_name = "MiB", default_value_t = drove_comm::fusion::DEFAULT_FUSION_BYTES >> 20))]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "MiB", default_value_t = drove_collective::fusion::DEFAULT_FUSION_BYTES >> 20))]
     pub bucket_mib: usize,
     /// Start from random weights of the model's shape (config.json only).
     #[cfg_attr(feature = "clap", arg(long))]
@@ -74,7 +74,7 @@ impl Default for ScalingOptions {
             pad_to: 128,
             no_overlap: false,
             dense_embeddings: false,
-            bucket_mib: drove_comm::fusion::DEFAULT_FUSION_BYTES >> 20,
+            bucket_mib: drove_collective::fusion::DEFAULT_FUSION_BYTES >> 20,
             random_init: false,
         }
     }

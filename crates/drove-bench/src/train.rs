@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, Flex};
-use drove_comm::SingleProcess;
+use drove_collective::SingleProcess;
 use drove_device::DeviceChoice;
 use drove_device::kernels::KernelCache;
 use drove_kernels::transfer::{self, Transfers};

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use drove_comm::{Element, ReduceOptions, Rendezvous};
+use drove_collective::{Element, ReduceOptions};
+use drove_comm::Rendezvous;
 use drove_launch::RankOutcome;
 use serde_json::json;
 
@@ -88,7 +89,7 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     // A launcher that assigns ranks says which this is before anyone joins.
     let launch = drove_launch::LaunchEnv::from_env()?;
     if let Some(code) = args.fail_with
-        && launch.rank().map(drove_comm::Rank::get) == Some(args.rank_to_fail)
+        && launch.rank().map(drove_collective::Rank::get) == Some(args.rank_to_fail)
     {
         if launch.rendezvous == drove_launch::RendezvousKind::Coordinator {
             join_without_listening()?;
@@ -161,7 +162,7 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<ExitCode> {
 /// With `--size`: all-reduces and checks the closed-form tensors
 /// `--iterations` times; the last check's figures (all equal, or one failed).
 fn check_payloads(
-    comm: &dyn drove_comm::Collective,
+    comm: &dyn drove_collective::Collective,
     args: &CheckArgs,
 ) -> anyhow::Result<Option<crate::check_payload::Checked>> {
     let Some(size) = args.size else { return Ok(None) };

@@ -12,7 +12,7 @@
 //! be compared: every rank of a run must print the same ones, and the
 //! integers' digest must be the same whatever the transport.
 
-use drove_comm::{Collective, Element, ReduceOptions};
+use drove_collective::{Collective, Element, ReduceOptions};
 
 /// Rank `rank`'s integer at element `i`.
 fn int_at(rank: usize, i: usize) -> i64 {

@@ -91,29 +91,9 @@ pub struct MetricsArgs {
     json: bool,
 }
 
+/// `--agg`: a word of drove-proto's table, refused in the table's words.
 fn aggregation(s: &str) -> Result<Aggregation, String> {
-    Ok(match s {
-        "raw" => Aggregation::Raw,
-        "mean" => Aggregation::Mean,
-        "min" => Aggregation::Min,
-        "max" => Aggregation::Max,
-        "sum" => Aggregation::Sum,
-        "count" => Aggregation::Count,
-        other => {
-            return Err(format!("unknown aggregation {other:?}: expected raw, mean, min, max, sum or count"));
-        }
-    })
-}
-
-fn aggregation_name(a: Aggregation) -> &'static str {
-    match a {
-        Aggregation::Unspecified | Aggregation::Raw => "raw",
-        Aggregation::Mean => "mean",
-        Aggregation::Min => "min",
-        Aggregation::Max => "max",
-        Aggregation::Sum => "sum",
-        Aggregation::Count => "count",
-    }
+    s.parse().map_err(|e: drove_control::proto::words::UnknownWord| format!("unknown aggregation: {e}"))
 }
 
 /// Writes one line to stdout; `false` once stdout is closed (e.g. piped into `head`).
@@ -167,7 +147,7 @@ async fn query(args: &MetricsArgs, connection: &Connection) -> anyhow::Result<()
                 })
             })
             .collect();
-        let report = json!({ "run": args.run, "aggregation": aggregation_name(agg), "points": points });
+        let report = json!({ "run": args.run, "aggregation": agg.word(), "points": points });
         emit(&serde_json::to_string(&report)?)?;
         return Ok(());
     }
@@ -180,7 +160,7 @@ async fn query(args: &MetricsArgs, connection: &Connection) -> anyhow::Result<()
         return Ok(());
     }
     let width = points.iter().map(|p| p.name.len()).max().unwrap_or(0).max(4);
-    let value_header = if raw { "value".to_string() } else { format!("{} value", aggregation_name(agg)) };
+    let value_header = if raw { "value".to_string() } else { format!("{agg} value") };
     let mut header = format!("{:<width$}  {:>12}  {:>20}  {:>5}", "name", "step", value_header, "count");
     if raw {
         header.push_str("   rank");
@@ -459,7 +439,7 @@ mod tests {
         for (s, a) in [("raw", Aggregation::Raw), ("mean", Aggregation::Mean), ("count", Aggregation::Count)]
         {
             assert_eq!(aggregation(s), Ok(a));
-            assert_eq!(aggregation_name(a), s);
+            assert_eq!(a.word(), s);
         }
         assert!(aggregation("median").unwrap_err().contains("unknown aggregation"));
     }

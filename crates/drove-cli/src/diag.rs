@@ -6,7 +6,7 @@ use anyhow::{Context, ensure};
 use clap::Args;
 use drove_collate::MaskSeeding;
 use drove_collate::diag::{self, Simulation};
-use drove_diagnostic::{AgreementReport, Verdict};
+use drove_diagnostic::AgreementReport;
 
 use crate::parse;
 
@@ -116,15 +116,6 @@ fn json_report(sim: &Simulation, report: &AgreementReport) -> anyhow::Result<ser
     Ok(value)
 }
 
-fn verdict_word(v: Verdict) -> &'static str {
-    v.word()
-}
-
-/// What the verdict means: the same words as the training alarm's.
-fn explanation(report: &AgreementReport) -> String {
-    report.explain()
-}
-
 fn human_report(sim: &Simulation, report: &AgreementReport) -> String {
     let mut out = String::new();
     let w = &mut out;
@@ -166,9 +157,10 @@ fn human_report(sim: &Simulation, report: &AgreementReport) -> String {
         report.expected + band
     );
     let _ = writeln!(w, "normalised score        {:.3}  (0 independent, 1 identical)", report.normalised);
-    let _ = writeln!(w, "verdict                 {}", verdict_word(report.verdict));
+    let _ = writeln!(w, "verdict                 {}", report.verdict);
     let _ = writeln!(w);
-    let _ = writeln!(w, "{}", explanation(report));
+    // What the verdict means: the same words as the training alarm's.
+    let _ = writeln!(w, "{}", report.explain());
     out
 }
 

@@ -34,6 +34,7 @@ mod check;
 mod check_payload;
 mod control;
 mod diag;
+mod fault;
 mod launch;
 mod parse;
 mod report;

@@ -9,18 +9,19 @@
 //! training suite, called from `bench.rs`.)
 
 use std::io::IsTerminal as _;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::anyhow;
 use clap::Args;
-use drove_comm::fault::{Faulty, Trigger};
-use drove_comm::{Collective, CommError, Elastic, WorldRange};
+use drove_collective::{Collective, CommError, Elastic, WorldRange};
 use drove_launch::{LaunchEnv, Launched, Progress, ProgressMode, RankOutcome, Ranks, Start};
 use drove_ner::backend::{Autodiff, Flex};
 use drove_ner::{
     DeviceChoice, DiagnoseReport, EvalReport, Gpu, GpuTraining as _, MetricsObserver, NerError, NerOptions,
     NerSummary, Observer, Placement, ReformReport, StepReport, train_ner, train_ner_elastic,
 };
+
+use crate::fault::{FaultArgs, Faulted};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::process::ExitCode;
 
@@ -29,12 +30,12 @@ type Backend = Autodiff<Flex>;
 /// Settings of `drove train ner`: the fine-tune's options (their flags are
 /// drove-ner's, feature `clap`), and what only the command decides.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("fault").args(["fail_at_step", "fail_in_backward"]).multiple(true)))]
 pub struct NerArgs {
     #[command(flatten)]
     options: NerOptions,
     /// Every N steps, compare the ranks' masks and local gradients (0: never)
     /// [default: 50 with --augment-mask above 0 on more than one rank, else 0].
+    // The rule is drove-ner's: `NerOptions::default_diagnose_every`.
     #[arg(long, value_name = "N")]
     diagnose_every: Option<usize>,
     /// Where parameters and optimizer state live: host (flat buffers, the CPU
@@ -55,37 +56,8 @@ pub struct NerArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
-    /// Make rank --rank-to-fail kill itself with SIGKILL right after step N (a
-    /// test of failure handling, --resume and restarts; only in the first
-    /// attempt: never when DROVE_RESTART_COUNT is above 0).
-    #[arg(long, value_name = "N", hide = true)]
-    fail_at_step: Option<u64>,
-    /// Make rank --rank-to-fail kill itself with SIGKILL in the middle of
-    /// its N-th step's backward pass: at the step's second gradient
-    /// all-reduce, the first bucket averaged on every rank and the rest not
-    /// (a test of a rank lost while buckets are in flight; with --no-overlap
-    /// the buckets go after backward). Only in the first attempt.
-    #[arg(long, value_name = "N", hide = true, value_parser = clap::value_parser!(u64).range(1..))]
-    fail_in_backward: Option<u64>,
-    /// The rank that --fail-at-step or --fail-in-backward kills (its rank in
-    /// the first world of an elastic run).
-    #[arg(long, value_name = "R", default_value_t = 0, hide = true, requires = "fault")]
-    rank_to_fail: usize,
-    /// Make rank --rank-to-stall stop for --stall-secs right after step N, its
-    /// heartbeats going on (a test that a slow member is waited for, not
-    /// lost; only in the first attempt).
-    #[arg(long, value_name = "N", hide = true)]
-    stall_at_step: Option<u64>,
-    /// The rank that --stall-at-step stops.
-    #[arg(long, value_name = "R", default_value_t = 0, hide = true, requires = "stall_at_step")]
-    rank_to_stall: usize,
-    /// How long --stall-at-step stops its rank.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0, hide = true, requires = "stall_at_step")]
-    stall_secs: f64,
-    /// Destroy the wgpu device right after step N, as a driver reset would (a
-    /// test that a device lost mid-run is an error naming it, not a panic).
-    #[arg(long, value_name = "N", hide = true)]
-    lose_device_at_step: Option<u64>,
+    #[command(flatten)]
+    faults: FaultArgs,
     /// An elastic run of MIN to MAX ranks (torchrun's --nnodes MIN:MAX; N
     /// for N:N): a lost rank ends its world, not the run; the others keep
     /// their state in memory and go on in the next world, which ranks
@@ -126,18 +98,6 @@ impl NerArgs {
 struct Reporter {
     progress: RankProgress,
     metrics: Option<MetricsObserver>,
-    fail_at: Option<(u64, usize)>,
-    /// (step, rank, how long): once.
-    stall_at: Option<(u64, usize, Duration)>,
-    /// --lose-device-at-step.
-    lose_device_at: Option<LoseDevice>,
-}
-
-/// The device to destroy after a step (--lose-device-at-step), as a driver
-/// reset would: the test of the device-lost path.
-struct LoseDevice {
-    step: u64,
-    destroy: Box<dyn Fn()>,
 }
 
 impl Reporter {
@@ -149,6 +109,13 @@ impl Reporter {
             }
         }
     }
+
+    /// Delivers the metrics recorded so far (before a kill: --fail-at-step).
+    fn flush_metrics(&self) {
+        if let Some(m) = &self.metrics {
+            let _ = m.recorder().flush(std::time::Duration::from_secs(30));
+        }
+    }
 }
 
 impl Observer for Reporter {
@@ -157,37 +124,6 @@ impl Observer for Reporter {
     }
 
     fn step(&mut self, r: &StepReport) {
-        if self.fail_at == Some((r.step, self.progress.rank)) {
-            if let Some(m) = &self.metrics {
-                let _ = m.recorder().flush(std::time::Duration::from_secs(30));
-            }
-            eprintln!(
-                "rank {}: killing itself with SIGKILL after step {} (--fail-at-step)",
-                self.progress.rank, r.step
-            );
-            // SAFETY: kill(2) on this process; nothing is left to clean up.
-            unsafe {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
-        }
-        if let Some((step, rank, secs)) = self.stall_at
-            && (step, rank) == (r.step, self.progress.rank)
-        {
-            self.stall_at = None;
-            eprintln!(
-                "rank {rank}: stopping for {secs:.1?} after step {step}, heartbeats going on (--stall-at-step)"
-            );
-            std::thread::sleep(secs);
-        }
-        if let Some(lose) = &self.lose_device_at
-            && lose.step == r.step
-        {
-            eprintln!(
-                "rank {}: destroying the device after step {} (--lose-device-at-step)",
-                self.progress.rank, lose.step
-            );
-            (lose.destroy)();
-        }
         if let Some(m) = &mut self.metrics {
             m.step(r);
         }
@@ -234,68 +170,38 @@ impl Observer for Reporter {
     }
 }
 
-/// What --lose-device-at-step destroys: the wgpu device `gpu` holds.
-fn lose_device_at(step: Option<u64>, gpu: Option<&Gpu>) -> anyhow::Result<Option<LoseDevice>> {
-    let Some(step) = step else { return Ok(None) };
-    #[cfg(feature = "wgpu")]
-    if let Some(adapter) = gpu.and_then(Gpu::adapter).cloned() {
-        return Ok(Some(LoseDevice { step, destroy: Box::new(move || adapter.destroy()) }));
-    }
-    let _ = (step, gpu);
-    Err(anyhow!("--lose-device-at-step needs --device wgpu"))
-}
-
-/// Trains on `ranks`, on `gpu` if one was opened; this process killed in
-/// the backward pass of its step `killed_at` (--fail-in-backward), if set.
+/// Trains on `ranks`, on `gpu` if one was opened, with the faults asked for.
 fn train(
     ranks: &Ranks,
     opts: &NerOptions,
     gpu: Option<&Gpu>,
-    reporter: &mut Reporter,
-    killed_at: Option<u64>,
+    observer: &mut Faulted<Reporter>,
+    first_rank: usize,
 ) -> Result<NerSummary, NerError> {
     match ranks {
         Ranks::Fixed(comm) => {
-            let faulty = killed_at.map(|step| killed_in_backward(comm.as_ref(), step));
+            let faulty = observer.faults().collective(comm.as_ref(), first_rank);
             let comm: &dyn Collective = match &faulty {
                 Some(faulty) => faulty,
                 None => comm.as_ref(),
             };
             match gpu {
-                None => train_ner::<Backend>(opts, comm, reporter, &Default::default()),
-                Some(gpu) => gpu.train_ner(opts, comm, reporter),
+                None => train_ner::<Backend>(opts, comm, observer, &Default::default()),
+                Some(gpu) => gpu.train_ner(opts, comm, observer),
             }
         }
         Ranks::Elastic(comm) => {
-            let faulty = killed_at.map(|step| killed_in_backward(comm.as_ref(), step));
+            let faulty = observer.faults().collective(comm.as_ref(), first_rank);
             let comm: &dyn Elastic = match &faulty {
                 Some(faulty) => faulty,
                 None => comm.as_ref(),
             };
             match gpu {
-                None => train_ner_elastic::<Backend>(opts, comm, reporter, &Default::default()),
-                Some(gpu) => gpu.train_ner_elastic(opts, comm, reporter),
+                None => train_ner_elastic::<Backend>(opts, comm, observer, &Default::default()),
+                Some(gpu) => gpu.train_ner_elastic(opts, comm, observer),
             }
         }
     }
-}
-
-/// `comm`, this process killed with SIGKILL at the second gradient op
-/// (`gradients.bucket...`) of its `step`-th step (each step starts with one
-/// `step.counts` all-reduce): with the all-reduce overlapped, in the middle
-/// of backward, the first bucket averaged on every rank (--fail-in-backward).
-fn killed_in_backward<C: Collective + ?Sized>(comm: &C, step: u64) -> Faulty<'_, C> {
-    let trigger = Trigger::named("gradients.*").nth(2).after(Trigger::named("step.counts").nth(step));
-    Faulty::new(comm, trigger).on_strike(move |comm, op| {
-        eprintln!(
-            "rank {}: killing itself with SIGKILL in the backward pass of step {step}, at {op} (--fail-in-backward)",
-            comm.rank()
-        );
-        // SAFETY: kill(2) on this process; nothing is left to clean up.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
-    })
 }
 
 /// How the rank's run ended, for `Launched::finish`: a member left out is no
@@ -420,13 +326,7 @@ fn print_summary(summary: &NerSummary, json_out: bool) {
             a.steps,
             a.expected,
             a.sigma,
-            if a.within_3_sigma {
-                "within 3 sigma"
-            } else if a.mean_agreement > a.expected {
-                "ranks mask alike"
-            } else {
-                "below the band"
-            }
+            a.verdict.meaning()
         ),
         None => println!("mask agreement: not diagnosed (pass --diagnose-every N)"),
     }
@@ -442,9 +342,6 @@ fn print_summary(summary: &NerSummary, json_out: bool) {
         summary.steps, summary.world_size, summary.sentences_per_s, summary.tokens_per_s
     );
 }
-
-/// Steps between diagnostics when the alarm is on by default.
-const DEFAULT_DIAGNOSE_EVERY: usize = 50;
 
 /// The exit code of a run the diversity alarm stopped (`--on-identical-masks fail`).
 pub const IDENTICAL_MASKS_EXIT: u8 = 3;
@@ -493,11 +390,10 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
         // Which GPU trains, named by every rank (the launcher prefixes its slot).
         eprintln!("rank {rank}: training on {}", gpu.describe());
     }
-    // The diversity alarm is on by default wherever it can go off.
-    if args.diagnose_every.is_none() && opts.augment_mask > 0.0 && launched.world_size() > 1 {
-        opts.diagnose_every = DEFAULT_DIAGNOSE_EVERY;
+    if args.diagnose_every.is_none() {
+        opts.diagnose_every = opts.default_diagnose_every(launched.world_size());
     }
-    let mut reporter = Reporter {
+    let reporter = Reporter {
         progress: RankProgress {
             rank,
             bar: None,
@@ -506,26 +402,21 @@ pub fn ner(args: &NerArgs) -> anyhow::Result<ExitCode> {
             to_launcher: launched.env().progress == ProgressMode::Launcher,
         },
         metrics: launched.take_metrics().map(|m| MetricsObserver::new(m, rank)),
-        // A failure to test restarts with happens in the first attempt only.
-        fail_at: args.fail_at_step.filter(|_| restart == 0).map(|s| (s, args.rank_to_fail)),
-        stall_at: args.stall_at_step.filter(|_| restart == 0).map(|s| {
-            (s, args.rank_to_stall, Duration::try_from_secs_f64(args.stall_secs).unwrap_or_default())
-        }),
-        lose_device_at: lose_device_at(args.lose_device_at_step, gpu.as_ref())?,
     };
+    let faults = args.faults.faults(restart, gpu.as_ref())?;
     if rank == 0 {
         record_options(&reporter, &opts, launched.world_size(), restart);
     }
-    // Likewise a kill in backward, of the rank of the first world it names.
-    let killed_at = args.fail_in_backward.filter(|_| restart == 0 && rank == args.rank_to_fail);
-    let summary = train(launched.ranks(), &opts, gpu.as_ref(), &mut reporter, killed_at);
+    let mut observer = Faulted::new(reporter, faults, rank, Reporter::flush_metrics);
+    let summary = train(launched.ranks(), &opts, gpu.as_ref(), &mut observer, rank);
+    let reporter = &mut observer.inner;
     if let Some(bar) = reporter.progress.bar.take() {
         bar.finish_and_clear();
     }
     // Each rank's last metrics are delivered before it leaves the run; under
     // mpirun or srun it leaves itself, and rank 0 keeps its coordinator up
     // until all have.
-    close_metrics(&mut reporter, rank);
+    close_metrics(reporter, rank);
     let error = summary.as_ref().err().map(ToString::to_string);
     launched.finish(outcome(&summary, error.as_deref()));
     match summary {
@@ -567,6 +458,24 @@ mod tests {
     #[test]
     fn no_flags_are_the_default_options() {
         assert_eq!(options(&[]), NerOptions::default());
+    }
+
+    #[test]
+    fn a_rank_to_fail_or_stall_needs_its_fault_and_a_lost_device_a_wgpu_one() {
+        let parse =
+            |flags: &[&str]| Flags::try_parse_from(std::iter::once("ner").chain(flags.iter().copied()));
+        for alone in [&["--rank-to-fail", "1"][..], &["--rank-to-stall", "1"], &["--stall-secs", "2"]] {
+            assert!(parse(alone).is_err(), "{alone:?} alone is refused");
+        }
+        for with in [
+            &["--rank-to-fail", "1", "--fail-in-backward", "2"][..],
+            &["--fail-at-step", "3", "--rank-to-fail", "1"],
+        ] {
+            assert!(parse(with).is_ok(), "{with:?}");
+        }
+        let lost = parse(&["--lose-device-at-step", "1"]).unwrap().args;
+        let err = lost.faults.faults(0, None).err().expect("no device to lose").to_string();
+        assert!(err.contains("--lose-device-at-step needs --device wgpu"), "{err}");
     }
 
     #[test]

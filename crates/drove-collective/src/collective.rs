@@ -146,7 +146,7 @@ pub trait Collective: Send + Sync {
             })?;
             descs.push(d);
         }
-        crate::agree::agree(&descs)
+        crate::transport::agree(&descs)
     }
 
     /// All-reduce of an owned buffer, returning at once; the default runs it now.

@@ -2,15 +2,19 @@
 //!
 //! A data-parallel trainer needs a handful of collectives (all-reduce,
 //! broadcast, all-gather, reduce-scatter, barrier) and nothing else of the
-//! network. This crate is that seam and only that: the [`Collective`] trait,
-//! the [`Elastic`] trait of a world that can end and re-form, the small
-//! types their ops take ([`DType`], [`TensorMut`], [`ReduceOptions`],
-//! [`OpDesc`]), their errors ([`CommError`]), ranks and world sizes checked
-//! once ([`Rank`], [`WorldSize`], [`Place`]), gradient [`fusion`] and the
-//! row-sparse all-reduce of embeddings ([`all_reduce_rows`]), and two
-//! worlds that need no transport: [`SingleProcess`] and [`LocalWorld`]
-//! (ranks as threads of one process, for tests), and [`fault`], a collective
-//! that loses its rank at a named op, for tests of a rank lost mid-step. It has no sockets, no
+//! network. This crate is that seam and only that. Its root is what a caller
+//! of a collective needs: the [`Collective`] trait, the [`Elastic`] trait of
+//! a world that can end and re-form, the small types their ops take
+//! ([`DType`], [`TensorMut`], [`ReduceOptions`], [`OpDesc`]), their errors
+//! ([`CommError`]), ranks and world sizes checked once ([`Rank`],
+//! [`WorldSize`], [`Place`]), gradient [`fusion`] and the row-sparse
+//! all-reduce of embeddings ([`all_reduce_rows`]), two worlds that need no
+//! transport: [`SingleProcess`] and [`LocalWorld`] (ranks as threads of one
+//! process, for tests), and [`fault`], a collective that loses its rank at a
+//! named op, for tests of a rank lost mid-step. What an implementation of
+//! the trait is built from (the agreement check, the reduction kernels,
+//! [`Delegate`](transport::Delegate)) is in [`transport`]. Programs import the
+//! seam from here, whatever transport they open. It has no sockets, no
 //! environment, no async runtime and no gRPC, so a trainer that depends on
 //! it (drove-train) cannot reach a transport, and a transport (drove-comm's
 //! CPU communicator, drove-nccl on GPUs) can be swapped under it, as
@@ -18,7 +22,7 @@
 //!
 //! One decision shapes every implementation: **agreement before data**.
 //! Every op starts with every rank's [`OpDesc`] reaching every other, and
-//! every rank checks the same list ([`agree`]), so a mismatch (another
+//! every rank checks the same list ([`transport::agree`]), so a mismatch (another
 //! shape, dtype, root, a skipped op) fails every rank alike, naming the
 //! field and the ranks, before any data moved. A transport that moves its
 //! data elsewhere runs that round alone first ([`Collective::agree`]).
@@ -45,9 +49,7 @@
 //! ```
 #![deny(missing_docs)]
 
-mod agree;
 mod collective;
-mod delegate;
 mod dtype;
 mod elastic;
 mod error;
@@ -56,19 +58,19 @@ pub mod fusion;
 mod local;
 mod op;
 mod place;
-pub mod reduce;
 mod rows;
 mod single;
+pub mod transport;
 
-pub use agree::{agree, scale_problem, shape_problem};
+// The seam: the traits and what their callers hand them and get back.
 pub use collective::{Collective, Gathered, Pending};
-pub use delegate::{Call, CallMode, Delegate};
 pub use dtype::{Buffer, DType, Element, ReduceOp, TensorMut, TensorRef};
 pub use elastic::{Elastic, Loss, MemberId, ReformCause, World, WorldRange};
 pub use error::CommError;
 pub use half::{bf16, f16};
-pub use local::{DEFAULT_LOCAL_TIMEOUT, LocalWorld};
 pub use op::{OpDesc, OpKind, ReduceOptions};
 pub use place::{Place, PlaceError, Rank, WorldSize};
 pub use rows::{RowsSent, all_reduce_rows};
+// Worlds that need no transport.
+pub use local::{DEFAULT_LOCAL_TIMEOUT, LocalWorld};
 pub use single::SingleProcess;

@@ -4,7 +4,7 @@
 //! For code above the seam (a trainer, an optimizer, a diagnostic) whose
 //! tests need several ranks without a transport: each handle is one rank's
 //! [`Collective`], ops are checked across ranks as every transport checks
-//! them ([`agree`](crate::agree)), reduced with the same kernels, and a rank
+//! them ([`agree`](crate::transport::agree)), reduced with the same kernels, and a rank
 //! that does not come within the deadline fails the others, naming it. A rank
 //! that [hangs up](LocalWorld::hang_up) fails them at once, naming it, as a
 //! transport names a peer whose process died and closed its connections.
@@ -13,14 +13,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::agree::agree;
 use crate::collective::{Collective, Gathered};
 use crate::dtype::{Buffer, DType, TensorMut, TensorRef};
 use crate::error::CommError;
 use crate::op::ReduceOptions;
 use crate::op::{OpDesc, OpKind};
 use crate::place::Place;
-use crate::reduce::{Combine, combine_many, finish, scale_bytes, split_rows};
+use crate::transport::agree;
+use crate::transport::reduce::{Combine, combine_many, finish, scale_bytes, split_rows};
 
 /// How long a rank waits for the others by default.
 pub const DEFAULT_LOCAL_TIMEOUT: Duration = Duration::from_secs(60);

@@ -1,6 +1,6 @@
 //! [`OpDesc`]: one collective described without its data. Every rank sends
 //! its description to every other before data moves, and the ranks check
-//! them all alike ([`agree`](crate::agree)); a backend whose data moves
+//! them all alike ([`agree`](crate::transport::agree)); a backend whose data moves
 //! elsewhere (NCCL on a GPU) checks them over the CPU first with
 //! [`Collective::agree`](crate::Collective::agree), so a mismatch fails
 //! every rank with one named error instead of hanging the device.
@@ -100,7 +100,7 @@ impl Display for OpKind {
 }
 
 /// What one rank is about to do: the one description of a collective, sent
-/// to every other rank before data moves and checked by [`agree`](crate::agree).
+/// to every other rank before data moves and checked by [`agree`](crate::transport::agree).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpDesc {
     /// The collective.

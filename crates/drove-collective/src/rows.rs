@@ -23,7 +23,7 @@ use crate::collective::Collective;
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::CommError;
 use crate::op::ReduceOptions;
-use crate::reduce::{finish, scale_bytes};
+use crate::transport::reduce::{finish, scale_bytes};
 
 /// How a row-sparse all-reduce moved the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,11 +1,11 @@
 //! [`SingleProcess`]: a world of one.
 
-use crate::agree::{scale_problem, shape_problem};
 use crate::collective::{Collective, Gathered};
 use crate::dtype::{Buffer, TensorMut, TensorRef};
 use crate::error::CommError;
 use crate::op::ReduceOptions;
-use crate::reduce::{finish, scale_bytes};
+use crate::transport::reduce::{finish, scale_bytes};
+use crate::transport::{scale_problem, shape_problem};
 
 /// A world of one: every op is local. For single-process runs and tests.
 #[derive(Clone, Copy, Debug, Default)]

@@ -4,9 +4,9 @@
 use std::sync::RwLock;
 use std::time::Duration;
 
+use drove_collective::transport::{Call, CallMode, Delegate};
 use drove_collective::{
-    Call, CallMode, Collective, CommError, DType, Delegate, Element, LocalWorld, OpDesc, OpKind, Place,
-    ReduceOptions,
+    Collective, CommError, DType, Element, LocalWorld, OpDesc, OpKind, Place, ReduceOptions,
 };
 
 /// Runs `work` on every rank of `ranks`, each on its own thread.

@@ -3,9 +3,8 @@
 //! its rank id, and broadcasts from rank 2.
 //!
 //! `cargo run -p drove-comm --example allreduce_threads [-- tcp]`
-use drove_comm::{
-    Collective, CommOptions, Communicator, Element, FileRendezvous, Place, ReduceOptions, Transport,
-};
+use drove_collective::{Collective, Element, Place, ReduceOptions};
+use drove_comm::{CommOptions, Communicator, FileRendezvous, Transport};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let world = 4;
@@ -15,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let handles: Vec<_> = (0..world)
         .map(|rank| {
             let dir = dir.clone();
-            std::thread::spawn(move || -> Result<String, drove_comm::CommError> {
+            std::thread::spawn(move || -> Result<String, drove_collective::CommError> {
                 let rv = FileRendezvous::new(&dir, Place::new(rank, world)?);
                 let comm = Communicator::connect(&rv, CommOptions { transport, ..CommOptions::default() })?;
                 let mut t = vec![rank as f32; 1 << 20];

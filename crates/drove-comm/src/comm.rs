@@ -7,7 +7,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use drove_collective::reduce::{scale_bytes, split_rows as split};
+use drove_collective::transport::reduce::{scale_bytes, split_rows as split};
 use drove_collective::{
     Buffer, Collective, CommError, DType, Gathered, OpDesc, OpKind, Pending, ReduceOptions, TensorMut,
     TensorRef,

@@ -3,8 +3,9 @@
 
 use std::ops::Range;
 
-use drove_collective::reduce::{Combine, combine_many, finish};
-use drove_collective::{CommError, OpDesc, agree as check};
+use drove_collective::transport::agree as check;
+use drove_collective::transport::reduce::{Combine, combine_many, finish};
+use drove_collective::{CommError, OpDesc};
 
 use crate::clock::{Clock, Deadlines};
 use crate::hierarchical::{self, HostGroup};

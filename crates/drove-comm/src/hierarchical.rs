@@ -25,7 +25,7 @@ use crate::ring::{Ring, RingRun};
 use crate::shm::Shm;
 use crate::staged::{Deliver, Staged};
 use drove_collective::CommError;
-use drove_collective::reduce::finish;
+use drove_collective::transport::reduce::finish;
 
 /// How long past the op's deadline a rank waits for its host's leader.
 pub(crate) const LEADER_GRACE: Duration = Duration::from_secs(2);

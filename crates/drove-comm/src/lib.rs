@@ -1,9 +1,10 @@
 //! # drove-comm: collectives that check their arguments and never hang
 //!
-//! The data plane of a data-parallel job: one trait, [`Collective`], with
-//! all-reduce (sum, average, min, max, product, with pre- and post-scaling),
-//! broadcast from any root, all-gather with per-rank first dimensions,
-//! reduce-scatter and barrier, for f32, f64, f16, bf16, i32 and i64. A trainer
+//! The data plane of a data-parallel job: drove-collective's trait,
+//! [`Collective`](drove_collective::Collective), with all-reduce (sum, average, min, max, product, with
+//! pre- and post-scaling), broadcast from any root, all-gather with per-rank
+//! first dimensions, reduce-scatter and barrier, for f32, f64, f16, bf16, i32
+//! and i64, implemented on the CPU. A trainer
 //! talks to its transport only through this trait; this crate knows nothing of
 //! models.
 //!
@@ -28,17 +29,21 @@
 //!
 //! This crate reads no environment: a rendezvous and [`CommOptions`] are
 //! given to [`Communicator::connect`]. Under a launcher, drove-launch builds
-//! both from the launch contract (`drove_launch::connect_from_env()`).
+//! both from the launch contract (`drove_launch::connect_from_env()`). The
+//! seam it implements is imported from drove-collective, one path whatever
+//! the transport (as ripgrep's searcher names `grep_matcher::Matcher`, not
+//! a regex engine's copy of it).
 //!
 //! ```no_run
-//! use drove_comm::{Collective, CommOptions, Communicator, Element, FileRendezvous, Place, ReduceOptions};
+//! use drove_collective::{Collective, CommError, Element, Place, ReduceOptions};
+//! use drove_comm::{CommOptions, Communicator, FileRendezvous};
 //!
 //! // Rank 0 of 2, meeting the other in a folder both can see.
 //! let rendezvous = FileRendezvous::new("/tmp/drove-rendezvous", Place::new(0, 2)?);
 //! let comm = Communicator::connect(&rendezvous, CommOptions::default())?;
 //! let mut grad = vec![comm.rank() as f32; 1024];
 //! comm.all_reduce("grad", &[1024], f32::tensor_mut(&mut grad), ReduceOptions::average())?;
-//! # Ok::<(), drove_comm::CommError>(())
+//! # Ok::<(), CommError>(())
 //! ```
 #![deny(missing_docs)]
 
@@ -64,10 +69,3 @@ pub use liveness::{DEFAULT_HANG_LIMIT, Liveness};
 pub use options::{CommOptions, Transport};
 pub use profile::RingStep;
 pub use rendezvous::{FileRendezvous, PeerTable, RankRequest, Rendezvous, StaticRendezvous, parse_peers};
-// The seam this transport implements, re-exported so a program that opens a
-// communicator needs one import path.
-pub use drove_collective::{
-    Buffer, Collective, CommError, DType, Elastic, Element, Gathered, Loss, MemberId, OpDesc, OpKind,
-    Pending, Place, PlaceError, Rank, ReduceOp, ReduceOptions, ReformCause, RowsSent, SingleProcess,
-    TensorMut, TensorRef, World, WorldRange, WorldSize, all_reduce_rows, bf16, f16, fault, fusion,
-};

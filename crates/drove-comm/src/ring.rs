@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use drove_collective::CommError;
-use drove_collective::reduce::{Combine, combine_bytes, finish, split_rows as split};
+use drove_collective::transport::reduce::{Combine, combine_bytes, finish, split_rows as split};
 use std::ops::Range;
 
 use crate::clock::Clock;

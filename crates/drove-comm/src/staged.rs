@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use drove_collective::CommError;
-use drove_collective::reduce::{Combine, combine_many, finish, split_rows as split};
+use drove_collective::transport::reduce::{Combine, combine_many, finish, split_rows as split};
 
 use crate::clock::Clock;
 use crate::mesh::Mesh;

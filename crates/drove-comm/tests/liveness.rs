@@ -7,10 +7,8 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drove_comm::{
-    Collective, CommError, CommOptions, Communicator, Element, FileRendezvous, Liveness, Place,
-    ReduceOptions, Transport,
-};
+use drove_collective::{Collective, CommError, Element, Place, ReduceOptions};
+use drove_comm::{CommOptions, Communicator, FileRendezvous, Liveness, Transport};
 
 /// Names `silent` silent, and tells `asked` each time it is asked.
 #[derive(Debug)]

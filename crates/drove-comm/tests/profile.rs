@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use drove_comm::{
-    Collective, CommOptions, Communicator, Element, FileRendezvous, Place, ReduceOptions, Transport,
-};
+use drove_collective::{Collective, Element, Place, ReduceOptions};
+use drove_comm::{CommOptions, Communicator, FileRendezvous, Transport};
 
 #[test]
 fn a_profiled_all_reduce_accounts_for_every_ring_step_and_its_bytes() {

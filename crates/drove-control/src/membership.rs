@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use drove_collective::{Call, Collective, Delegate, Element, ReduceOp, ReduceOptions};
+use drove_collective::transport::{Call, Delegate};
+use drove_collective::{Collective, Element, ReduceOp, ReduceOptions};
 use drove_comm::{CommOptions, Communicator, Liveness};
 
 use crate::heartbeat::{Beat, Beating, spawn_heartbeats};

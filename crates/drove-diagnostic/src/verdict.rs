@@ -53,6 +53,21 @@ impl Verdict {
         }
     }
 
+    /// What it says of the masks, in a few words (a summary line's):
+    /// `within 3 sigma` (of independent masks), `ranks mask alike`, `below
+    /// the band`, `some steps outside the band`, `not diagnosed`.
+    /// [`AgreementReport::explain`](crate::AgreementReport::explain) says it
+    /// at length, with what to do.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Verdict::Diverse => "within 3 sigma",
+            Verdict::Identical => "ranks mask alike",
+            Verdict::AntiCorrelated => "below the band",
+            Verdict::Outliers => "some steps outside the band",
+            Verdict::NotDiagnosed => "not diagnosed",
+        }
+    }
+
     /// Whether it is the diversity alarm: masks identical across ranks, or
     /// anti-correlated (anything but independent).
     pub fn is_alarm(self) -> bool {
@@ -76,6 +91,8 @@ mod tests {
             assert_eq!(serde_json::to_value(v).unwrap(), v.word());
             assert_eq!(v.to_string(), v.word());
         }
+        let meanings: std::collections::HashSet<_> = Verdict::ALL.map(Verdict::meaning).into();
+        assert_eq!(meanings.len(), Verdict::ALL.len(), "each verdict its own meaning");
         let alarms: Vec<_> = Verdict::ALL.into_iter().filter(|v| v.is_alarm()).collect();
         assert_eq!(alarms, [Verdict::Identical, Verdict::AntiCorrelated]);
     }

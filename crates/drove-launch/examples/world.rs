@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use drove_comm::{Element as _, ReduceOptions};
+use drove_collective::{Element as _, ReduceOptions};
 use drove_launch::{LaunchEnv, LaunchSpec, Launched, PlainConsole, Progress, RankOutcome, launch};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -33,7 +33,7 @@ pub enum LaunchError {
     Coordinator(String),
     /// Joining the other ranks failed.
     #[error("joining the other ranks: {0}")]
-    Comm(#[from] drove_comm::CommError),
+    Comm(#[from] drove_collective::CommError),
     /// The metrics recorder cannot start.
     #[error("starting the metrics recorder: {0}")]
     Metrics(#[from] drove_metrics::RecorderError),

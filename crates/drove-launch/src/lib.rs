@@ -61,6 +61,7 @@
 mod connection;
 mod error;
 mod exit;
+pub mod fault;
 mod launcher;
 mod place;
 mod progress;

@@ -2,7 +2,8 @@
 //! (moved here from drove-comm: the launch contract is read only in this
 //! crate).
 
-use drove_comm::{CommError, Place, Rank, RankRequest, WorldSize};
+use drove_collective::{CommError, Place, Rank, WorldSize};
+use drove_comm::RankRequest;
 
 use crate::var;
 

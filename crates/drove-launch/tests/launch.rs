@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use drove_comm::Element as _;
+use drove_collective::Element as _;
 use drove_launch::{
     Console, ElasticLaunch, End, LaunchError, LaunchSpec, Progress, RestartPolicy, Stream, launch, var,
 };
@@ -216,7 +216,7 @@ fn a_drove_rank_beside_a_pytorch_store() {
     let mut sum = [world.rank() as i64];
     world
         .comm()
-        .all_reduce("ranks", &[1], i64::tensor_mut(&mut sum), drove_comm::ReduceOptions::sum())
+        .all_reduce("ranks", &[1], i64::tensor_mut(&mut sum), drove_collective::ReduceOptions::sum())
         .unwrap();
     println!(
         "drove rank={} of={} sum={} launcher={launcher:?} coordinator={source:?} store={}",

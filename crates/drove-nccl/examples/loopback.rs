@@ -4,7 +4,8 @@
 //!
 //!     cargo run -p drove-nccl --example loopback
 
-use drove_comm::{CommOptions, Communicator, DType, FileRendezvous, ReduceOptions};
+use drove_collective::{DType, ReduceOptions};
+use drove_comm::{CommOptions, Communicator, FileRendezvous};
 use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, LoopbackWorld};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,7 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|(rank, device)| {
             let dir = dir.path().to_path_buf();
             std::thread::spawn(move || -> Result<String, String> {
-                let place = drove_comm::Place::new(rank, world).map_err(|e| e.to_string())?;
+                let place = drove_collective::Place::new(rank, world).map_err(|e| e.to_string())?;
                 let rv = FileRendezvous::new(&dir, place);
                 let mesh = Communicator::connect(&rv, CommOptions::default()).map_err(|e| e.to_string())?;
                 let comm = DeviceComm::connect(&mesh, device, DeviceOptions::default())

@@ -25,7 +25,8 @@
 //! tested on machines without one.
 //!
 //! ```no_run
-//! use drove_comm::{Collective, CommOptions, Communicator, DType, FileRendezvous, Place, ReduceOptions};
+//! use drove_collective::{Collective, DType, Place, ReduceOptions};
+//! use drove_comm::{CommOptions, Communicator, FileRendezvous};
 //! use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, LoopbackWorld};
 //!
 //! // Under a launcher: `drove_launch::connect_from_env()?`.

@@ -6,10 +6,8 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use drove_comm::{
-    Collective, CommError, CommOptions, Communicator, DType, FileRendezvous, OpDesc, OpKind, ReduceOp,
-    ReduceOptions,
-};
+use drove_collective::{Collective, CommError, DType, OpDesc, OpKind, ReduceOp, ReduceOptions};
+use drove_comm::{CommOptions, Communicator, FileRendezvous};
 use drove_nccl::{DeviceComm, DeviceOptions, DeviceSlice, Error, Loopback, LoopbackWorld};
 
 fn slice(v: &mut [f32]) -> DeviceSlice {
@@ -36,7 +34,7 @@ fn world<T: Send + 'static>(
         .map(|(rank, device)| {
             let (dir, work) = (dir.path().to_path_buf(), work.clone());
             std::thread::spawn(move || {
-                let rv = FileRendezvous::new(&dir, drove_comm::Place::new(rank, n).unwrap());
+                let rv = FileRendezvous::new(&dir, drove_collective::Place::new(rank, n).unwrap());
                 let mesh = Communicator::connect(&rv, mesh_options(mesh_timeout)).unwrap();
                 work(rank, &mesh, device)
             })
@@ -212,7 +210,7 @@ impl Collective for Forward<'_> {
         &self,
         name: &str,
         shape: &[usize],
-        data: drove_comm::TensorMut<'_>,
+        data: drove_collective::TensorMut<'_>,
         opts: ReduceOptions,
     ) -> Result<(), CommError> {
         self.0.all_reduce(name, shape, data, opts)
@@ -221,7 +219,7 @@ impl Collective for Forward<'_> {
         &self,
         name: &str,
         shape: &[usize],
-        data: drove_comm::TensorMut<'_>,
+        data: drove_collective::TensorMut<'_>,
         root: usize,
     ) -> Result<(), CommError> {
         self.0.broadcast(name, shape, data, root)
@@ -230,17 +228,17 @@ impl Collective for Forward<'_> {
         &self,
         name: &str,
         shape: &[usize],
-        data: drove_comm::TensorRef<'_>,
-    ) -> Result<drove_comm::Gathered, CommError> {
+        data: drove_collective::TensorRef<'_>,
+    ) -> Result<drove_collective::Gathered, CommError> {
         self.0.all_gather(name, shape, data)
     }
     fn reduce_scatter(
         &self,
         name: &str,
         shape: &[usize],
-        data: drove_comm::TensorRef<'_>,
+        data: drove_collective::TensorRef<'_>,
         opts: ReduceOptions,
-    ) -> Result<drove_comm::Gathered, CommError> {
+    ) -> Result<drove_collective::Gathered, CommError> {
         self.0.reduce_scatter(name, shape, data, opts)
     }
     fn barrier(&self, name: &str) -> Result<(), CommError> {
@@ -270,7 +268,7 @@ fn the_default_agreement_of_any_collective_finds_the_same_mismatch() {
 
 /// Joins the CPU mesh of `rank` of `n` through `dir` (one directory per world).
 fn mesh_in(dir: &std::path::Path, rank: usize, n: usize) -> Communicator {
-    let rv = FileRendezvous::new(dir, drove_comm::Place::new(rank, n).unwrap());
+    let rv = FileRendezvous::new(dir, drove_collective::Place::new(rank, n).unwrap());
     Communicator::connect(&rv, mesh_options(Duration::from_secs(20))).unwrap()
 }
 
@@ -285,7 +283,7 @@ type Seen = (Vec<f32>, usize, Option<String>, Option<Vec<f32>>);
 /// Rank `rank` of the elastic test: generation 1 of 3 ranks through `dirs.0`;
 /// rank 2 then leaves, and the others go on in generation 2 through `dirs.1`.
 fn elastic_rank(rank: usize, pools: Pools, dirs: (std::path::PathBuf, std::path::PathBuf)) -> Seen {
-    let make = Box::new(move |place: drove_comm::Place| {
+    let make = Box::new(move |place: drove_collective::Place| {
         let mut pools = pools.lock().unwrap();
         Ok(pools.get_mut(&place.world().get()).unwrap()[place.rank().get()].take().unwrap())
     });

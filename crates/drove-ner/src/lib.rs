@@ -89,6 +89,6 @@ pub use gpu_step::{DenseGrad, DropoutMasks, EmbeddingGrad, GpuStep, MatmulChoice
 pub use metrics::MetricsObserver;
 pub use model::load_model;
 pub use observer::{DiagnoseReport, Observer, Quiet, ReformReport, StepReport};
-pub use options::{DEFAULT_BUCKET_WINDOW, MaskAlarm, NerOptions};
+pub use options::{DEFAULT_BUCKET_WINDOW, DEFAULT_DIAGNOSE_EVERY, MaskAlarm, NerOptions};
 pub use summary::{NerSummary, StepScale};
 pub use trace::{TraceLine, mask_hash};

@@ -88,8 +88,8 @@ pub struct NerOptions {
     #[cfg_attr(feature = "clap", arg(long, default_value_t = 42))]
     pub seed: u64,
     /// Compare ranks' masks and gradients every N steps (0: never). No flag of
-    /// its own here: `drove train ner --diagnose-every` defaults to 50 where
-    /// the alarm can go off, which only the joined world tells.
+    /// its own here: `drove train ner --diagnose-every` defaults to
+    /// [`NerOptions::default_diagnose_every`], which only the joined world tells.
     #[cfg_attr(feature = "clap", arg(skip))]
     pub diagnose_every: usize,
     /// Write a Chrome trace-event timeline of every rank's steps here (rank 0
@@ -259,7 +259,20 @@ pub struct NerOptions {
 /// The length-bucketing window of a fixed world when none is given.
 pub const DEFAULT_BUCKET_WINDOW: usize = 16;
 
+/// Steps between diagnostics where the diversity alarm is on by default
+/// ([`NerOptions::default_diagnose_every`]).
+pub const DEFAULT_DIAGNOSE_EVERY: usize = 50;
+
 impl NerOptions {
+    /// How often a world of `world_size` ranks diagnoses when no interval is
+    /// given: every [`DEFAULT_DIAGNOSE_EVERY`] steps where the diversity alarm
+    /// can go off (masking augmentation on, more than one rank to compare),
+    /// else never (0). The alarm is on by default wherever it can tell
+    /// something.
+    pub fn default_diagnose_every(&self, world_size: usize) -> usize {
+        if self.augment_mask > 0.0 && world_size > 1 { DEFAULT_DIAGNOSE_EVERY } else { 0 }
+    }
+
     /// The length-bucketing window a world of this kind uses: the one given,
     /// else [`DEFAULT_BUCKET_WINDOW`] in a fixed world and none in an elastic
     /// one. Bucketing reorders a rank's batches, so an elastic run's progress
@@ -434,6 +447,14 @@ mod tests {
         assert_eq!(eight.bucket_window_for(false).unwrap(), 8);
         let err = eight.bucket_window_for(true).unwrap_err().to_string();
         assert!(err.contains("--bucket-window 0 (found 8)"), "{err}");
+    }
+
+    #[test]
+    fn the_alarm_is_on_by_default_only_where_it_can_go_off() {
+        let masked = Flags::parse_from(["ner", "--augment-mask", "0.15"]).options;
+        assert_eq!(masked.default_diagnose_every(2), DEFAULT_DIAGNOSE_EVERY);
+        assert_eq!(masked.default_diagnose_every(1), 0, "one rank: nothing to compare");
+        assert_eq!(NerOptions::default().default_diagnose_every(4), 0, "no masking: nothing to compare");
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //! and [`v1::metrics_client::MetricsClient`] (and their `*_server` modules). The
 //! `.proto` files are the source of truth and document every field; this crate
 //! adds to the generated code only the descriptor set for reflection, the
-//! [`words`] a run state, a generation state and an end kind are shown and
-//! stored as, and [`metric_names`], the names of the metrics and events a run records (the
+//! [`words`] a run state, a generation state, an end kind and an
+//! aggregation are shown, read and stored as, and [`metric_names`], the names of the metrics and events a run records (the
 //! contract between the trainer that writes them and the readers of the store).
 //!
 //! ```

@@ -1,18 +1,21 @@
 //! The words people read for the states and kinds of the contract: a
 //! [`v1::RunState`] (`rendezvous`, `running`, `finished`, `failed`,
 //! `metrics-only`), a [`v1::GenerationState`] (`forming`, `running`,
-//! `ended`) and a [`v1::EndKind`] (`closed-connection`, `heartbeat`, ...),
-//! in one table each. `drove runs`, the report, Prometheus labels and the
-//! coordinator's store all show or hold these words.
+//! `ended`), a [`v1::EndKind`] (`closed-connection`, `heartbeat`, ...) and
+//! a query's [`v1::Aggregation`] (`raw`, `mean`, `min`, `max`, `sum`,
+//! `count`), in one table each. `drove runs`, `drove metrics --agg`, the
+//! report, Prometheus labels and the coordinator's store all show, read or
+//! hold these words.
 //!
 //! Each has `word()` and `from_word()`, is shown as its word
 //! ([`Display`](fmt::Display)), and parses from it ([`FromStr`]), a word that
 //! is none of them an [`UnknownWord`] naming it.
 //!
 //! ```
-//! use drove_proto::v1::{EndKind, GenerationState, RunState};
+//! use drove_proto::v1::{Aggregation, EndKind, GenerationState, RunState};
 //!
 //! assert_eq!(RunState::MetricsOnly.word(), "metrics-only");
+//! assert_eq!("mean".parse::<Aggregation>(), Ok(Aggregation::Mean));
 //! assert_eq!("ended".parse::<GenerationState>(), Ok(GenerationState::Ended));
 //! assert_eq!(EndKind::ClosedConnection.to_string(), "closed-connection");
 //! let err = "paused".parse::<RunState>().unwrap_err();
@@ -203,10 +206,62 @@ impl FromStr for v1::EndKind {
     }
 }
 
+impl v1::Aggregation {
+    /// Every aggregation a query names, in the order of their numbers;
+    /// `Unspecified` is none of them: on the wire it is
+    /// [`Raw`](v1::Aggregation::Raw), and it is shown as `raw`.
+    pub const ALL: [v1::Aggregation; 6] = [
+        v1::Aggregation::Raw,
+        v1::Aggregation::Mean,
+        v1::Aggregation::Min,
+        v1::Aggregation::Max,
+        v1::Aggregation::Sum,
+        v1::Aggregation::Count,
+    ];
+
+    /// How points of different ranks at one (name, step) combine, in the
+    /// word `drove metrics --agg` reads and prints: `raw`, `mean`, `min`,
+    /// `max`, `sum`, `count` (`Unspecified` is `raw`).
+    pub fn word(self) -> &'static str {
+        match self {
+            v1::Aggregation::Unspecified | v1::Aggregation::Raw => "raw",
+            v1::Aggregation::Mean => "mean",
+            v1::Aggregation::Min => "min",
+            v1::Aggregation::Max => "max",
+            v1::Aggregation::Sum => "sum",
+            v1::Aggregation::Count => "count",
+        }
+    }
+
+    /// The aggregation whose [`word`](Self::word) is `word`, if any (never
+    /// `Unspecified`).
+    pub fn from_word(word: &str) -> Option<v1::Aggregation> {
+        Self::ALL.into_iter().find(|a| a.word() == word)
+    }
+}
+
+/// The aggregation's [`word`](v1::Aggregation::word), padded to the width asked for.
+impl fmt::Display for v1::Aggregation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.word())
+    }
+}
+
+/// The aggregation whose [`word`](v1::Aggregation::word) this is.
+impl FromStr for v1::Aggregation {
+    type Err = UnknownWord;
+
+    fn from_str(s: &str) -> Result<v1::Aggregation, UnknownWord> {
+        v1::Aggregation::from_word(s).ok_or_else(|| {
+            UnknownWord::new("an aggregation", s, v1::Aggregation::ALL.map(v1::Aggregation::word))
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::v1::{EndKind, GenerationState, RunState};
+    use crate::v1::{Aggregation, EndKind, GenerationState, RunState};
 
     #[test]
     fn every_run_state_has_its_own_word_and_reads_back_from_it() {
@@ -236,6 +291,19 @@ mod tests {
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), words.len(), "{words:?}");
+    }
+
+    #[test]
+    fn every_aggregation_has_its_own_word_and_reads_back_from_it() {
+        for agg in Aggregation::ALL {
+            assert_eq!(agg.word().parse(), Ok(agg));
+            assert_eq!(agg.to_string(), agg.word());
+        }
+        assert_eq!(Aggregation::ALL.map(|a| a as i32), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(Aggregation::Unspecified.word(), "raw", "unspecified is raw on the wire");
+        assert_eq!(Aggregation::from_word("unspecified"), None);
+        let err = "median".parse::<Aggregation>().unwrap_err();
+        assert_eq!(err.to_string(), "\"median\" is not an aggregation (raw, mean, min, max, sum or count)");
     }
 
     #[test]

@@ -20,7 +20,8 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use drove_collective::{Buffer, Call, CallMode, Collective, CommError, Delegate, Element, Gathered, Place};
+use drove_collective::transport::{Call, CallMode, Delegate};
+use drove_collective::{Buffer, Collective, CommError, Element, Gathered, Place};
 
 /// Where a span is drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

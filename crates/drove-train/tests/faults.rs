@@ -20,7 +20,8 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::{Int, Tensor, TensorData};
 use drove_collective::fault::{Faulty, Trigger};
 use drove_collective::fusion::FusionOptions;
-use drove_collective::{Call, Collective, CommError, Delegate, LocalWorld, Place};
+use drove_collective::transport::{Call, Delegate};
+use drove_collective::{Collective, CommError, LocalWorld, Place};
 use drove_train::flat::FlatParams;
 use drove_train::{Placement, Replica, ReplicaOptions, SparseRows, TrainError};
 

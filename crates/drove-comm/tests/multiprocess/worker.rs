@@ -12,11 +12,12 @@
 use std::io::Write as _;
 use std::time::{Duration, Instant};
 
-use drove_comm::fusion::{Compression, FusionOptions, all_reduce_fused};
-use drove_comm::{
-    Buffer, Collective, CommError, CommOptions, Communicator, Element, FileRendezvous, Place, ReduceOp,
-    ReduceOptions, RowsSent, StaticRendezvous, all_reduce_rows, bf16, f16, parse_peers,
+use drove_collective::fusion::{Compression, FusionOptions, all_reduce_fused};
+use drove_collective::{
+    Buffer, Collective, CommError, Element, Place, ReduceOp, ReduceOptions, RowsSent, all_reduce_rows, bf16,
+    f16,
 };
+use drove_comm::{CommOptions, Communicator, FileRendezvous, StaticRendezvous, parse_peers};
 
 /// A variable of the worker's environment. This test code reads the launch
 /// contract's variables itself: drove-launch, their one reader everywhere
@@ -249,7 +250,7 @@ fn scaled_sum<T: Num>(case: &Case<'_>, c: &mut Checks) {
             &name,
             &data,
             &want,
-            !matches!(T::DTYPE, drove_comm::DType::F16 | drove_comm::DType::BF16) && case.exact,
+            !matches!(T::DTYPE, drove_collective::DType::F16 | drove_collective::DType::BF16) && case.exact,
         );
     }
 }

@@ -34,7 +34,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use drove_comm::{CommOptions, Rank, RankRequest, Transport, WorldRange, WorldSize};
+use drove_collective::{Rank, WorldRange, WorldSize};
+use drove_comm::{CommOptions, RankRequest, Transport};
 
 use crate::error::EnvError;
 use crate::progress::ProgressMode;
@@ -537,7 +538,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(e.rendezvous, RendezvousKind::Coordinator);
-        assert_eq!(e.place, Some(RankRequest::Given(drove_comm::Place::new(1, 2).unwrap())));
+        assert_eq!(e.place, Some(RankRequest::Given(drove_collective::Place::new(1, 2).unwrap())));
         assert_eq!((e.rank(), e.world_size().map(WorldSize::get)), (Some(Rank::new(1)), Some(2)));
         assert_eq!((e.local_rank, e.local_world_size), (1, Some(2)));
         assert_eq!(e.coordinator.as_deref(), Some("127.0.0.1:7000"));

@@ -24,7 +24,7 @@
 
 use std::fmt;
 
-use drove_comm::Place;
+use drove_collective::Place;
 
 use crate::error::EnvError;
 use crate::var;

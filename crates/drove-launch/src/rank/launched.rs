@@ -16,10 +16,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use drove_comm::{
-    Collective, CommError, Communicator, Elastic, FileRendezvous, MemberId, Place, RankRequest,
-    SingleProcess, StaticRendezvous, WorldRange, parse_peers,
-};
+use drove_collective::{Collective, CommError, Elastic, MemberId, Place, SingleProcess, WorldRange};
+use drove_comm::{Communicator, FileRendezvous, RankRequest, StaticRendezvous, parse_peers};
 use drove_control::{
     CoordinatorRendezvous, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_SETTLE, ElasticComm, Membership,
 };
@@ -141,7 +139,7 @@ impl LaunchEnv {
     /// until [`finish`](Self::finish). `None` everywhere else.
     pub fn serve_coordinator(&self) -> Result<Option<ServedCoordinator>, LaunchError> {
         let Some(source) = self.coordinator_source.filter(|s| s.served_by_rank_0()) else { return Ok(None) };
-        if self.rank().map(drove_comm::Rank::get) != Some(0) {
+        if self.rank().map(drove_collective::Rank::get) != Some(0) {
             return Ok(None);
         }
         let addr = self.coordinator.as_deref().unwrap_or_default();
@@ -173,7 +171,7 @@ impl LaunchEnv {
             let left = self
                 .coordinator_rendezvous(request)
                 .map_err(|e| e.to_string())
-                .and_then(|rv| rv.leave(drove_comm::Rank::new(rank), error).map_err(|e| e.to_string()));
+                .and_then(|rv| rv.leave(drove_collective::Rank::new(rank), error).map_err(|e| e.to_string()));
             if let Err(e) = left {
                 tracing::warn!("rank {rank} could not leave the run: {e}");
             }
