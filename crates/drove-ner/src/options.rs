@@ -427,9 +427,17 @@ mod tests {
 
     #[test]
     fn flags_spelled_apart_from_their_fields_set_them() {
-        let o =
-            NerCommand::parse_from(["ner", "--cased", "--warmup", "0.2", "--weight-decay", "0", "--eval", "test"])
-                .options;
+        let o = NerCommand::parse_from([
+            "ner",
+            "--cased",
+            "--warmup",
+            "0.2",
+            "--weight-decay",
+            "0",
+            "--eval",
+            "test",
+        ])
+        .options;
         assert!(!o.lowercase);
         assert_eq!(o.warmup_fraction, 0.2);
         assert_eq!(o.adamw, AdamWSettings { weight_decay: 0.0, ..AdamWSettings::default() });
@@ -451,7 +459,7 @@ mod tests {
 
     #[test]
     fn the_alarm_is_on_by_default_only_where_it_can_go_off() {
-        let masked = Flags::parse_from(["ner", "--augment-mask", "0.15"]).options;
+        let masked = NerCommand::parse_from(["ner", "--augment-mask", "0.15"]).options;
         assert_eq!(masked.default_diagnose_every(2), DEFAULT_DIAGNOSE_EVERY);
         assert_eq!(masked.default_diagnose_every(1), 0, "one rank: nothing to compare");
         assert_eq!(NerOptions::default().default_diagnose_every(4), 0, "no masking: nothing to compare");
