@@ -73,7 +73,15 @@ impl StreamKey {
     /// dropout key's, `epoch` the others').
     #[staticmethod]
     #[pyo3(signature = (purpose, *, seed, rank = 0, worker = 0, epoch = 0, step = 0, lane = 0))]
-    fn of(purpose: &str, seed: u64, rank: u64, worker: u64, epoch: u64, step: u64, lane: u64) -> PyResult<Self> {
+    fn of(
+        purpose: &str,
+        seed: u64,
+        rank: u64,
+        worker: u64,
+        epoch: u64,
+        step: u64,
+        lane: u64,
+    ) -> PyResult<Self> {
         let (rank, worker, lane) =
             (u32_arg("rank", rank)?, u32_arg("worker", worker)?, u32_arg("lane", lane)?);
         let unused = |field: &str, value: u64| -> PyResult<()> {
