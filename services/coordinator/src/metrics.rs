@@ -143,8 +143,12 @@ impl Metrics for MetricsService {
                 let sent = points.len() as u64;
                 let store = store.clone();
                 let feed = new_points.clone();
+                let counters = counters.clone();
                 let result = tokio::task::spawn_blocking(move || {
                     store.insert_points_then(points, |stored| {
+                        // Counted before the store's lock is let go: a scrape
+                        // that sees the points sees them counted.
+                        crate::prometheus::Counters::add(&counters.points_ingested, stored.len() as u64);
                         if !stored.is_empty() {
                             let _ = feed.send(std::sync::Arc::new(stored.to_vec()));
                         }
@@ -162,7 +166,6 @@ impl Metrics for MetricsService {
                         return;
                     }
                 };
-                crate::prometheus::Counters::add(&counters.points_ingested, points.len() as u64);
                 stored += sent;
                 duplicates += sent - points.len() as u64;
                 if tx.send(Ok(PushAck { stored, duplicates })).await.is_err() {
