@@ -196,7 +196,7 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
         self
     }
 
-    /// Replaces the bucket all-reduce of the [`Placement::Backend`](crate::Placement::Backend) placement
+    /// Replaces the bucket all-reduce of the [`Placement::Backend`] placement
     /// (host staging by default) with `reducer`, e.g. a device collective.
     ///
     /// The replica's passes then overlap no all-reduce with backward (the
