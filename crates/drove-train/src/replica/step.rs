@@ -243,7 +243,11 @@ impl<'c, B: AutodiffBackend, M: AutodiffModule<B>> Replica<'c, B, M> {
             Some(deferred) if alone => Some(deferred),
             Some((passes, losses)) => {
                 self.local_loss = local_loss;
-                let values = crate::flat::to_f32(drove_kernels::transfer::read(losses), 0)?;
+                let values =
+                    crate::flat::to_f32(drove_kernels::transfer::read(losses), 0).inspect_err(|_| {
+                        // The step ends here: its gradients go with it.
+                        self.placement.reset(Reset::Gradients);
+                    })?;
                 self.add_losses(&passes, &values);
                 local_loss = std::mem::take(&mut self.local_loss);
                 None
