@@ -25,9 +25,7 @@ use drove_collective::{Collective, CommError, LocalWorld, Place};
 use drove_train::flat::FlatParams;
 use drove_train::{Placement, Replica, ReplicaOptions, SparseRows, TrainError};
 
-#[path = "../examples/support/tagger.rs"]
-mod tagger;
-use tagger::Tagger;
+use crate::support::Tagger;
 
 type B = Autodiff<Flex>;
 type Model = Tagger<B>;

@@ -17,7 +17,7 @@ use drove_train::flat::{AdamWSettings, FlatParams};
 use drove_train::{LossRead, Placement, Replica, ReplicaOptions, Schedule, TrainError};
 use support::{LABELS, Tagger, tagger};
 
-mod support;
+use crate::support;
 
 type B = Autodiff<Flex>;
 type Model = Tagger<B>;

@@ -10,7 +10,7 @@ pub const VOCAB: usize = 50;
 pub const LABELS: usize = 5;
 const WIDTH: usize = 16;
 
-#[path = "../../examples/support/tagger.rs"]
+#[path = "../../../examples/support/tagger.rs"]
 mod tagger;
 pub use tagger::Tagger;
 

@@ -16,7 +16,7 @@ use drove_collective::{Collective, LocalWorld, SingleProcess};
 use drove_train::{all_reduce_gradients, broadcast_parameters};
 use support::{LABELS, Tagger, tagger};
 
-mod support;
+use crate::support;
 
 type B = Autodiff<Flex>;
 const SEQ: usize = 12;
