@@ -72,7 +72,7 @@ if [ -n "$torch_python" ]; then
     # DROVE_REQUIRE_TORCH: here a torch that does not import fails the tests.
     # Only the tests that need torch: the others ran on the oldest and newest
     # Python above.
-    for tests in test_torch.py test_launch.py; do
+    for tests in test_torch.py test_launch.py test_watch.py; do
         (cd "$venv" && DROVE_BIN="$drove_bin" DROVE_MASK_FIXTURE="$fixture" DROVE_REQUIRE_TORCH=1 \
             "$venv/bin/python" -m unittest discover -s "$root/python/tests" -p "$tests")
     done

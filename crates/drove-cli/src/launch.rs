@@ -12,7 +12,7 @@ use std::time::Duration;
 use clap::Args;
 use drove_launch::{
     Console, CoordinatorChoice, ElasticLaunch, End, LaunchSpec, MAX_LOCAL_RANKS, PlainConsole, Progress,
-    RestartPolicy, Stream,
+    RestartPolicy, Stream, WatchChoice,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -64,6 +64,14 @@ pub struct RunArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping the ranks.
     #[arg(long, default_value_t = 10.0, value_name = "S", value_parser = parse::seconds)]
     stop_grace_secs: f64,
+    /// Put drove's watcher (the story's bug in PyTorch programs) into every
+    /// rank, also when the program is not a Python interpreter or a `.py`
+    /// file (say, a shell script that starts Python).
+    #[arg(long, conflicts_with = "no_watch")]
+    watch: bool,
+    /// Leave the ranks unwatched (the watcher goes into every Python rank by default).
+    #[arg(long)]
+    no_watch: bool,
     /// The program every rank runs, and its arguments (after `--` when they
     /// start with `-`). A flag before it that `drove run` does not know is an error.
     #[arg(required = true, trailing_var_arg = true, value_name = "PROGRAM")]
@@ -107,6 +115,11 @@ impl RunArgs {
         spec.restart = RestartPolicy { max_restarts: self.max_restarts };
         spec.stop_grace = Duration::from_secs_f64(self.stop_grace_secs);
         spec.elastic = self.min_np.map(|min| ElasticLaunch { min, max: self.max_np.unwrap_or(self.np) });
+        spec.watch = match (self.watch, self.no_watch) {
+            (true, _) => WatchChoice::On,
+            (_, true) => WatchChoice::Off,
+            _ => WatchChoice::Auto,
+        };
         spec
     }
 }

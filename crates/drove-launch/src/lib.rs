@@ -87,6 +87,7 @@ pub use launcher::launch::{
 };
 pub use launcher::restart::RestartPolicy;
 pub use launcher::supervise::Cause;
+pub use launcher::watch::{DEFAULT_WATCH_EVERY, WatchChoice};
 
 // The rank side.
 pub use rank::env::{LaunchEnv, RendezvousKind, coordinator_from_env, token_from_env};

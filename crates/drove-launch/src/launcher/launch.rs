@@ -19,6 +19,7 @@ use crate::launcher::restart::{Next, RestartPolicy};
 use crate::launcher::signals::forward_signals;
 use crate::launcher::spawn::{RankCommand, SupervisorEvent};
 use crate::launcher::supervise::{Attempt, SlotPolicy, supervise};
+use crate::launcher::watch::{LaunchWatch, WatchChoice, WatchTarget};
 use crate::var;
 
 /// Most ranks on one host.
@@ -48,6 +49,9 @@ pub struct LaunchSpec {
     /// An elastic launch (`--min-np`): the ranks run as members of an
     /// elastic run, a failed slot is started again alone.
     pub elastic: Option<ElasticLaunch>,
+    /// Whether drove-watch's watcher goes into every Python rank (by
+    /// default when the program is a Python interpreter or a `.py` file).
+    pub watch: WatchChoice,
 }
 
 /// An elastic launch: the world sizes its run allows (`MIN:MAX`, given to
@@ -83,6 +87,7 @@ impl LaunchSpec {
             stop_grace: Duration::from_secs(10),
             env: Vec::new(),
             elastic: None,
+            watch: WatchChoice::Auto,
         }
     }
 
@@ -126,13 +131,14 @@ impl LaunchSpec {
 
     /// The variables every rank of an attempt gets (the rank's own are set
     /// at spawn): drove's, then torchrun's for a fixed world (`torch`), then
-    /// the spec's own, which win.
+    /// the watcher's (`watch`), then the spec's own, which win.
     fn rank_env(
         &self,
         addr: &str,
         restarts: u32,
         progress: bool,
         torch: Option<&TorchWorld>,
+        watch: &[(String, String)],
     ) -> Vec<(String, String)> {
         let mut env = vec![
             (var::WORLD_SIZE.to_string(), self.np.to_string()),
@@ -159,6 +165,7 @@ impl LaunchSpec {
         if let Some(world) = torch {
             env.extend(world.shared_vars().into_iter().map(|(k, v)| (k.to_string(), v)));
         }
+        env.extend(watch.iter().cloned());
         env.extend(self.env.iter().cloned());
         env
     }
@@ -272,8 +279,22 @@ pub fn launch(spec: &LaunchSpec, console: Arc<dyn Console>) -> Result<LaunchOutc
             spec.np,
             spec.program.to_string_lossy()
         );
-        let attempts = Attempts { spec, addr: &coordinator.addr, console: &console, rt: &rt };
-        attempts.run(&mut clients, &tx, &rx)
+        let target = WatchTarget {
+            addr: &coordinator.addr,
+            token: spec.token.as_deref(),
+            run_id: &spec.run_id,
+            world_size: spec.np,
+        };
+        let watch =
+            spec.watch.applies(&spec.program).then(|| LaunchWatch::start(&target, &console)).flatten();
+        let watch_env = watch.as_ref().map(LaunchWatch::env).unwrap_or_default();
+        let attempts =
+            Attempts { spec, addr: &coordinator.addr, console: &console, rt: &rt, watch_env: &watch_env };
+        let outcome = attempts.run(&mut clients, &tx, &rx);
+        if let Some(watch) = watch {
+            watch.finish();
+        }
+        outcome
     });
     drop(tx);
     rt.block_on(coordinator.close());
@@ -304,6 +325,8 @@ struct Attempts<'a> {
     addr: &'a str,
     console: &'a Arc<dyn Console>,
     rt: &'a tokio::runtime::Runtime,
+    /// The watcher's variables (none when the ranks are not watched).
+    watch_env: &'a [(String, String)],
 }
 
 impl Attempts<'_> {
@@ -328,7 +351,13 @@ impl Attempts<'_> {
                 None => Some(TorchWorld::start(spec.np, restarts, master_port)?),
             };
             master_port = torch.map(|t| t.master_port);
-            let env = spec.rank_env(self.addr, restarts, self.console.draws_progress(), torch.as_ref());
+            let env = spec.rank_env(
+                self.addr,
+                restarts,
+                self.console.draws_progress(),
+                torch.as_ref(),
+                self.watch_env,
+            );
             let command = RankCommand {
                 program: &spec.program,
                 args: &spec.args,
@@ -394,7 +423,7 @@ mod tests {
         let mut spec = LaunchSpec::new(2, "true", Vec::<String>::new());
         assert!(spec.member_prefix().is_none(), "a fixed launch names no members");
         spec.elastic = Some(ElasticLaunch { min: 1, max: 3 });
-        let env = spec.rank_env("127.0.0.1:1", 0, false, None);
+        let env = spec.rank_env("127.0.0.1:1", 0, false, None, &[]);
         assert!(env.contains(&(var::ELASTIC.to_string(), "1:3".to_string())), "{env:?}");
         let prefix = spec.member_prefix().unwrap();
         assert!(prefix.ends_with(&format!(".{}.", std::process::id())), "{prefix}");
@@ -407,7 +436,7 @@ mod tests {
         torch: Option<&TorchWorld>,
         rank: usize,
     ) -> (HashMap<String, String>, &'static [&'static str]) {
-        let env = spec.rank_env("127.0.0.1:7000", torch.map_or(0, |t| t.restart_count), true, torch);
+        let env = spec.rank_env("127.0.0.1:7000", torch.map_or(0, |t| t.restart_count), true, torch, &[]);
         let prefix = spec.member_prefix();
         let command = RankCommand {
             program: &spec.program,

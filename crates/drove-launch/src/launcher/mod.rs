@@ -13,3 +13,4 @@ pub(crate) mod restart;
 pub(crate) mod signals;
 pub(crate) mod spawn;
 pub(crate) mod supervise;
+pub(crate) mod watch;
