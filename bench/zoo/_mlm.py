@@ -29,7 +29,12 @@ def options(description):
 
 
 def rank_and_world():
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    """This rank and the world's size, from torchrun's variables (drove run sets them too),
+    with the gloo process group a data-parallel program forms."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+    return rank, world
 
 
 class Sentences(torch.utils.data.Dataset):
@@ -99,3 +104,36 @@ def train(args, sampler, batches):
                 break
             masked += int((batch["labels"] != -100).sum())
     print("rank %d: %d epochs, %d tokens masked" % (rank, args.epochs, masked), flush=True)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+class Blocks(torch.utils.data.Dataset):
+    """CoNLL-2003's training sentences tokenized by MiniLM's tokenizer and
+    cut into blocks of MAX_LENGTH tokens, as HuggingFace's run_mlm.py
+    `group_texts` does: every example the same length, so every rank's
+    batch has one shape. (For the zoo's HuggingFace forms; needs
+    transformers and the assets scripts/fetch-assets.sh fetches.)"""
+
+    def __init__(self, root):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(os.path.join(root, "assets", "minilm"))
+        words = []
+        with open(os.path.join(root, "assets", "conll2003", "train.txt"), encoding="utf-8") as f:
+            for line in f:
+                if line.strip() and not line.startswith("-DOCSTART-"):
+                    words.append(line.split()[0])
+                if len(words) >= 40000:
+                    break
+        ids = self.tokenizer(" ".join(words), add_special_tokens=False)["input_ids"]
+        self.blocks = [ids[i : i + MAX_LENGTH] for i in range(0, len(ids) - MAX_LENGTH + 1, MAX_LENGTH)]
+
+    def __len__(self):
+        return len(self.blocks)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.blocks[i]}
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -5,7 +5,8 @@
 //! distributed sampler; `diag.rs`: its mask-agreement diagnostic;
 //! `metrics.rs`: drove-metrics' recorder, from the launch contract
 //! (drove-launch); `progress.rs`: drove-launch's progress line for `drove
-//! run`'s bar. The Python side (`drove/`) re-exports them and holds the
+//! run`'s bar; `watch.rs`: drove-watch's comparison of the watcher's notes
+//! and the watcher's own source, for `python -m drove.watch`. The Python side (`drove/`) re-exports them and holds the
 //! framework glue (`drove.torch`, `drove.horovod`).
 
 mod diag;
@@ -15,6 +16,7 @@ mod progress;
 mod sampler;
 mod samples;
 mod streams;
+mod watch;
 
 use drove_metrics::metric_names as names;
 use pyo3::prelude::*;
@@ -56,6 +58,8 @@ fn _drove(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<metrics::Metrics>()?;
     m.add_function(wrap_pyfunction!(progress::progress, m)?)?;
     m.add("metric_names", metric_names(m.py())?)?;
+    m.add_class::<watch::NoteComparer>()?;
+    m.add("WATCHER_SOURCE", drove_watch::PYTHON_WATCHER)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     Ok(())
 }

@@ -3,8 +3,9 @@
 without the rank, and `torch.manual_seed` in workers each raise the
 diversity alarm on rank 0's stderr naming the stream and its fix, and a
 point in the coordinator; each fixed is diverse (mask agreement near 0.745);
-a correct program raises nothing. Sized for CI's 2 cores: 4 ranks, 2 epochs
-of 6 batches."""
+a correct program raises nothing; and the story under torchrun through
+`python -m drove.watch`. Sized for CI's 2 cores: 4 ranks, 2 epochs of 6
+batches."""
 
 import os
 import re
@@ -77,6 +78,25 @@ class TheZoo(unittest.TestCase):
         self.assertIn("[0] drove-watch: warning: Python's random", stderr)
         stderr, _, agreement, beyond = watched(self, "torch_manual_seed.py", "--fix")
         self.assert_diverse(stderr, agreement, beyond)
+
+    def test_the_story_under_torchrun_through_python_m_drove_watch(self):
+        # No drove run: torchrun starts the ranks, the watcher comes from the
+        # installed package, and the ranks compare through the program's gloo group.
+        # `--redirects 1 --tee 1`: Debian's torch 1.13 on Python 3.11 cannot
+        # read torchrun's default "0" (IntFlag no longer iterates its zero);
+        # stdout goes to a log and to the console, stderr as it is.
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+                   "--redirects", "1", "--tee", "1", "-m", "drove.watch", os.path.join(ZOO, "story.py"), "--epochs", "2", "--batches", "6"]
+        env = dict(os.environ, DROVE_WATCH_EVERY="3", OMP_NUM_THREADS="1")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=DEADLINE, env=env)
+        self.assertEqual(done.returncode, 0, done.stdout[-3000:] + done.stderr[-3000:])
+        lines = [line for line in done.stderr.splitlines() if line.startswith("drove-watch: ")]
+        self.assertTrue(any(line.startswith("drove-watch: diversity alarm: Python's random (loader 0, epoch 0)")
+                            for line in lines), done.stderr[-3000:])
+        full = [line for line in lines if line.startswith("drove-watch: diversity alarm, in full: Python's random")]
+        self.assertEqual(len(full), 1, lines)
+        self.assertIn("worker 0 of ranks 0, 1, 2, 3", full[0])
+        self.assertIn("mean agreement 1.0000", done.stderr)
 
     def test_a_correct_program_raises_nothing(self):
         stderr, _, agreement, beyond = watched(self, "correct.py")

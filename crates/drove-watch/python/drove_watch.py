@@ -29,7 +29,7 @@ import os
 import socket
 import sys
 from array import array
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 SOCKET = "DROVE_WATCH_SOCKET"
 EVERY = "DROVE_WATCH_EVERY"
@@ -240,6 +240,10 @@ class _Loaders:
 
 _loaders = _Loaders()
 
+# Called at the start of every loader epoch with (loader, epoch), before its
+# workers start: `python -m drove.watch` compares the ranks' notes there.
+on_epoch: Optional[Callable[[int, int], None]] = None
+
 
 def _start_epoch(loader: Any) -> Dict[str, int]:
     state = getattr(loader, "_drove_watch", None)
@@ -261,6 +265,8 @@ def patch(module: Any) -> None:
 
     def __iter__(self: Any) -> Any:
         state = _start_epoch(self)
+        if on_epoch is not None:
+            on_epoch(state["loader"], state["epoch"])
         workers = getattr(self, "num_workers", 0)
         main = workers == 0
         inner_init, inner_collate = self.worker_init_fn, self.collate_fn
@@ -305,9 +311,10 @@ def patch(module: Any) -> None:
 
 
 class _AfterImport:
-    """Patches torch's DataLoader as soon as its module has run, whenever the program imports it."""
+    """Calls ``then(module)`` as soon as the module ``name`` has run, whenever the program imports it."""
 
-    name = "torch.utils.data.dataloader"
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != self.name:
@@ -318,17 +325,23 @@ class _AfterImport:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
-        run = spec.loader.exec_module
+        run, then = spec.loader.exec_module, self.then
 
         def exec_module(module: Any) -> None:
             run(module)
-            try:
-                patch(module)
-            except Exception as e:  # a torch whose DataLoader has another shape
-                cannot_watch("torch %s's DataLoader: %s" % (getattr(sys.modules.get("torch"), "__version__", "?"), e))
+            then(module)
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def on_import(name: str, then: Callable[[Any], None]) -> None:
+    """Calls ``then(module)`` once the module ``name`` is imported: now if it is."""
+    module = sys.modules.get(name)
+    if module is not None:
+        then(module)
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 _said = False
@@ -343,10 +356,13 @@ def cannot_watch(why: str) -> None:
     print("drove-watch: cannot watch this program: %s" % why, file=sys.stderr, flush=True)
 
 
+def _patch_or_say(module: Any) -> None:
+    try:
+        patch(module)
+    except Exception as e:  # a torch whose DataLoader has another shape
+        cannot_watch("torch %s's DataLoader: %s" % (getattr(sys.modules.get("torch"), "__version__", "?"), e))
+
+
 def install() -> None:
     """Watches the DataLoader now if torch is imported, else as soon as it is."""
-    module = sys.modules.get(_AfterImport.name)
-    if module is not None:
-        patch(module)
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    on_import("torch.utils.data.dataloader", _patch_or_say)

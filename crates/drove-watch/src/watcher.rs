@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::compare::NoteComparer;
+use crate::compare::{Completed, NoteComparer};
 use crate::error::WatchError;
 use crate::finding::{Finding, Fix};
 use crate::masks::MaskComparison;
@@ -66,6 +66,24 @@ pub struct WatchSummary {
 }
 
 impl WatchSummary {
+    /// Counts what one note completed.
+    pub fn count(&mut self, done: &Completed) {
+        self.notes += 1;
+        if let Some(c) = &done.compared {
+            self.comparisons += 1;
+            self.agreement_sum += c.report.mean_agreement;
+            self.expected_sum += c.report.expected;
+            self.beyond_band += u64::from(c.report.is_alarm());
+        }
+        self.alarms += done.alarms.len() as u64;
+    }
+
+    /// The end of a watch: every stream alarm in full, and the warnings.
+    pub fn close(&mut self, comparer: &NoteComparer) {
+        self.alarmed = comparer.alarms();
+        self.warnings = comparer.warnings();
+    }
+
     /// One line of what was seen: the masks' mean agreement against
     /// independent masks', or that no batch carried an MLM mask.
     pub fn describe(&self) -> String {
@@ -170,17 +188,12 @@ fn receive(
         match socket.recv(&mut buf) {
             Ok(n) => match Note::parse(&buf[..n]) {
                 Ok(note) => {
-                    summary.notes += 1;
                     let done = comparer.add(note);
+                    summary.count(&done);
                     if let Some(c) = &done.compared {
-                        summary.comparisons += 1;
-                        summary.agreement_sum += c.report.mean_agreement;
-                        summary.expected_sum += c.report.expected;
-                        summary.beyond_band += u64::from(c.report.is_alarm());
                         sink.compared(c);
                     }
                     for (finding, fix) in &done.alarms {
-                        summary.alarms += 1;
                         sink.alarm(finding, *fix);
                     }
                 }
@@ -200,7 +213,6 @@ fn receive(
             }
         }
     }
-    summary.alarmed = comparer.alarms();
-    summary.warnings = comparer.warnings();
+    summary.close(&comparer);
     summary
 }
