@@ -25,9 +25,9 @@ def main():
     args = _mlm.options(__doc__)
     _mlm.rank_and_world()
     if args.fix:
-        from accelerate import PartialState
+        from accelerate import Accelerator
 
-        PartialState()  # device_specific reads the process index from it
+        Accelerator(cpu=True)  # device_specific reads the process index from its state
     set_seed(42, device_specific=args.fix)
     sampler, batches = _mlm.loader(_mlm.Sentences(), args, collate)
     _mlm.train(args, sampler, batches)

@@ -19,17 +19,19 @@ forms=("$@")
 for form in "${forms[@]}"; do
     for fix in "" --fix; do
         [ "$form" = correct.py ] && [ -n "$fix" ] && continue
+        fixed=false
+        [ -n "$fix" ] && fixed=true
         log="$(mktemp)"
         DROVE_WATCH_EVERY=3 "$drove" run --np 4 -- "$python" "$here/$form" --epochs 2 --batches 12 $fix >"$log" 2>&1 \
-            || { echo "{\"form\": \"$form\", \"fixed\": ${fix:+true}${fix:-false}, \"failed\": true}"; tail -5 "$log" >&2; continue; }
-        FORM="$form" FIXED="${fix:+true}" python3 - "$log" <<'PY'
+            || { echo "{\"form\": \"$form\", \"fixed\": $fixed, \"failed\": true}"; tail -5 "$log" >&2; continue; }
+        FORM="$form" FIXED="$fixed" python3 - "$log" <<'PY'
 import json, os, re, sys
 text = open(sys.argv[1]).read()
 lines = [l[len("[0] drove-watch: "):] for l in text.splitlines() if l.startswith("[0] drove-watch: ")]
 summary = next((l for l in lines if "mean agreement" in l or "no batch" in l), "")
 m = re.search(r"mean agreement ([0-9.]+) against ([0-9.]+) for independent masks, (\d+) beyond", summary)
 print(json.dumps({
-    "form": os.environ["FORM"], "fixed": bool(os.environ.get("FIXED")),
+    "form": os.environ["FORM"], "fixed": os.environ["FIXED"] == "true",
     "alarms": [l[len("diversity alarm: "):] for l in lines if l.startswith("diversity alarm: ")],
     "agreement": float(m.group(1)) if m else None, "expected": float(m.group(2)) if m else None,
     "beyond_band": int(m.group(3)) if m else None,
