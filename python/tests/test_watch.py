@@ -15,6 +15,8 @@ import unittest
 
 from test_launch import DEADLINE, DROVE, ROOT, WHY, scratch
 
+NO_DROVE = "" if os.access(DROVE, os.X_OK) else "DROVE_BIN names no drove binary (%r)" % DROVE
+
 ZOO = os.path.join(ROOT, "bench", "zoo")
 ALARM = "[0] drove-watch: diversity alarm: "
 IN_FULL = "[0] drove-watch: diversity alarm, in full: "
@@ -61,6 +63,13 @@ class TheZoo(unittest.TestCase):
                                  "diversity_alarm", "--json"], capture_output=True, text=True, timeout=120)
         self.assertEqual(points.returncode, 0, points.stderr)
         self.assertIn("diversity_alarm", points.stdout)
+        # The report's verdict, from the alarm's event in the store.
+        out = scratch(self, "drove-watch-report-")
+        report = subprocess.run([DROVE, "report", "--store", store, "--run", "watch", "--out", out],
+                                capture_output=True, text=True, timeout=300)
+        self.assertEqual(report.returncode, 0, report.stderr)
+        with open(os.path.join(out, "report.json")) as f:
+            self.assertIn("Diversity alarm at step 0 (rank 0): Python's random", f.read())
         stderr, _, agreement, beyond = watched(self, "story.py", "--fix")
         self.assert_diverse(stderr, agreement, beyond)
 
@@ -102,6 +111,52 @@ class TheZoo(unittest.TestCase):
         stderr, _, agreement, beyond = watched(self, "correct.py")
         self.assert_diverse(stderr, agreement, beyond)
         self.assertNotIn("drove-watch: warning", stderr)
+
+
+
+def plain_run(test, code, *flags, env=None):
+    """`drove run --np 2` of `python -c code` (no torch needed): (returncode, stdout, stderr)."""
+    command = [DROVE, "run", "--np", "2"] + list(flags) + ["--", sys.executable, "-c", code]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=DEADLINE,
+                          env=dict(os.environ, **(env or {})))
+    test.assertEqual(done.returncode, 0, done.stdout[-3000:] + done.stderr[-3000:])
+    return done.stdout, done.stderr
+
+
+@unittest.skipIf(NO_DROVE, NO_DROVE)
+class TheWatcherItself(unittest.TestCase):
+    """What needs no torch: the watcher goes in, the program's own sitecustomize
+    still runs, --no-watch keeps it out, and a DataLoader it cannot watch is
+    said once, on rank 0."""
+
+    WATCHED = "import sys; print('watched', 'drove_watch' in sys.modules)"
+
+    def test_the_program_s_own_sitecustomize_still_runs_after_the_watcher(self):
+        own = scratch(self, "drove-watch-site-")
+        with open(os.path.join(own, "sitecustomize.py"), "w") as f:
+            f.write("import sys\nprint('own sitecustomize ran, watcher in:', 'drove_watch' in sys.modules)\n")
+        stdout, _ = plain_run(self, self.WATCHED, env={"PYTHONPATH": own})
+        for rank in (0, 1):
+            self.assertIn("[%d] own sitecustomize ran, watcher in: True" % rank, stdout)
+            self.assertIn("[%d] watched True" % rank, stdout)
+        stdout, _ = plain_run(self, self.WATCHED, "--no-watch", env={"PYTHONPATH": own})
+        self.assertIn("[0] own sitecustomize ran, watcher in: False", stdout)
+        self.assertIn("[1] watched False", stdout)
+
+    def test_a_dataloader_it_cannot_watch_is_said_once_on_rank_0(self):
+        fake = scratch(self, "drove-watch-fake-torch-")
+        package = os.path.join(fake, "torch", "utils", "data")
+        os.makedirs(package)
+        for folder in ("torch", "torch/utils", "torch/utils/data"):
+            with open(os.path.join(fake, folder, "__init__.py"), "w") as f:
+                f.write("__version__ = '0.0-fake'\n" if folder == "torch" else "")
+        with open(os.path.join(package, "dataloader.py"), "w") as f:
+            f.write("class DataLoader:\n    pass\n")  # no _BaseDataLoaderIter
+        _, stderr = plain_run(self, "import torch.utils.data.dataloader", env={"PYTHONPATH": fake})
+        said = [line for line in stderr.splitlines() if "drove-watch: cannot watch this program" in line]
+        self.assertEqual(len(said), 1, stderr[-3000:])
+        self.assertTrue(said[0].startswith("[0] drove-watch: cannot watch this program: torch 0.0-fake's DataLoader"),
+                        said)
 
 
 if __name__ == "__main__":
