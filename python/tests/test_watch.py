@@ -143,6 +143,14 @@ class TheWatcherItself(unittest.TestCase):
         self.assertIn("[0] own sitecustomize ran, watcher in: False", stdout)
         self.assertIn("[1] watched False", stdout)
 
+    def test_watch_forces_the_watcher_into_a_program_that_starts_python_itself(self):
+        script = "exec %s -c \"%s\"" % (sys.executable, self.WATCHED)
+        for flags, watched in (([], False), (["--watch"], True)):
+            command = [DROVE, "run", "--np", "2"] + flags + ["--", "sh", "-c", script]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=DEADLINE)
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            self.assertIn("[1] watched %s" % watched, done.stdout, flags)
+
     def test_a_dataloader_it_cannot_watch_is_said_once_on_rank_0(self):
         fake = scratch(self, "drove-watch-fake-torch-")
         package = os.path.join(fake, "torch", "utils", "data")
