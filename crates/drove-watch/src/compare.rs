@@ -83,3 +83,51 @@ impl NoteComparer {
         self.census.warnings().into_iter().map(Finding::SharedStream).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use drove_diagnostic::RowMasks;
+
+    use super::*;
+    use crate::note::LoaderEpoch;
+
+    /// Rank `rank`'s mask of batch `batch`: every rank alike (`same`), or its own.
+    fn mask(rank: usize, batch: u64, same: bool) -> Note {
+        let seed = if same { batch } else { batch * 100 + rank as u64 + 1 };
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let chosen = (0..32 * 64)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 11) as f64 / (1u64 << 53) as f64 <= 0.15
+            })
+            .collect();
+        let masks = RowMasks { width: 64, chosen, maskable: vec![true; 32 * 64] };
+        Note::Mask { rank, at: LoaderEpoch { loader: 0, epoch: 0 }, batch, masks }
+    }
+
+    /// The alarms after each comparison of a run whose batches are alike or not.
+    fn alarms_by_batch(alike: &[bool]) -> Vec<usize> {
+        let mut comparer = NoteComparer::new(2);
+        alike
+            .iter()
+            .enumerate()
+            .map(|(batch, same)| {
+                let done: Vec<Completed> =
+                    (0..2).map(|rank| comparer.add(mask(rank, batch as u64, *same))).collect();
+                assert!(done[1].compared.is_some(), "the second rank's mask completes batch {batch}");
+                done.iter().map(|d| d.alarms.len()).sum()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_mask_alarm_takes_three_comparisons_in_a_row_beyond_the_band_and_comes_once() {
+        // Identical masks every time: the alarm at the third comparison, then never again.
+        assert_eq!(alarms_by_batch(&[true; 5]), [0, 0, 1, 0, 0]);
+        // A diverse comparison between starts the count again.
+        assert_eq!(alarms_by_batch(&[true, true, false, true, true, true]), [0, 0, 0, 0, 0, 1]);
+        assert_eq!(alarms_by_batch(&[false; 4]), [0; 4]);
+    }
+}

@@ -64,11 +64,20 @@ impl LaunchWatch {
         )
         .map_err(|e| tracing::warn!("the watcher records no points: {e}"))
         .ok();
-        let every = std::env::var(drove_watch::EVERY_VAR)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|n| *n > 0)
-            .unwrap_or(DEFAULT_WATCH_EVERY);
+        let every = match std::env::var(drove_watch::EVERY_VAR) {
+            Err(_) => DEFAULT_WATCH_EVERY,
+            Ok(v) => match v.trim().parse::<u32>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    console.note(&format!(
+                        "drove-watch: {}={v:?} is not a count of batches (1 or more); comparing masks every \
+                         {DEFAULT_WATCH_EVERY} batches",
+                        drove_watch::EVERY_VAR
+                    ));
+                    DEFAULT_WATCH_EVERY
+                }
+            },
+        };
         let sink =
             ConsoleSink { console: console.clone(), recorder, every, compared: 0, world: target.world_size };
         match Watcher::start(WatchOptions { world_size: target.world_size, every }, Box::new(sink)) {
