@@ -15,6 +15,7 @@ says that it could not compare across ranks.
 import atexit
 import os
 import runpy
+import shutil
 import socket
 import sys
 import tempfile
@@ -34,6 +35,7 @@ class Collector:
         self.path = os.path.join(self.dir, "notes.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
+        atexit.register(shutil.rmtree, self.dir, True)
         self.sock.settimeout(0.05)
         self.notes: List[bytes] = []
         self.lock = threading.Lock()
@@ -150,6 +152,7 @@ def _core() -> Any:
     with open(os.path.join(folder, "drove_watch.py"), "w") as f:
         f.write(WATCHER_SOURCE)
     sys.path.insert(0, folder)
+    atexit.register(shutil.rmtree, folder, True)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH", "")) if p)
     import drove_watch
 
